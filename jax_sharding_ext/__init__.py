@@ -1,0 +1,46 @@
+"""GlobalDeviceArray, shardable ordered effects, transfer guards and donation for stock JAX.
+
+`import jax_sharding_ext` registers this package's handlers into JAX's
+extension tables (`install()`); `uninstall()` restores them exactly. Nothing
+here initialises a JAX backend.
+
+Please don't use symbols from the private modules (`jax_sharding_ext._*`):
+they are not part of the public API.
+"""
+
+from jax.sharding import Mesh as Mesh
+from jax.sharding import PartitionSpec as PartitionSpec
+
+from jax_sharding_ext._gda import FROM_GDA as FROM_GDA
+from jax_sharding_ext._gda import GlobalDeviceArray as GlobalDeviceArray
+from jax_sharding_ext._gda import Shard as Shard
+from jax_sharding_ext._output import (
+  parallel_functions_output_gda as parallel_functions_output_gda,
+)
+from jax_sharding_ext._registry import install as install
+from jax_sharding_ext._registry import is_installed as is_installed
+from jax_sharding_ext._registry import uninstall as uninstall
+from jax_sharding_ext._shard_math import get_shard_indices as get_shard_indices
+from jax_sharding_ext._shard_math import (
+  get_shard_indices_replica_ids as get_shard_indices_replica_ids,
+)
+from jax_sharding_ext._shard_math import get_shard_shape as get_shard_shape
+from jax_sharding_ext._version import __version__ as __version__
+from jax_sharding_ext._version import __version_info__ as __version_info__
+
+__all__ = [
+  "FROM_GDA",
+  "GlobalDeviceArray",
+  "Mesh",
+  "PartitionSpec",
+  "Shard",
+  "get_shard_indices",
+  "get_shard_indices_replica_ids",
+  "get_shard_shape",
+  "install",
+  "is_installed",
+  "parallel_functions_output_gda",
+  "uninstall",
+]
+
+install()

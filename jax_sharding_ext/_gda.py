@@ -1,0 +1,534 @@
+"""`GlobalDeviceArray`: the GDA-era API as a zero-copy view over `jax.Array`.
+
+A `GlobalDeviceArray` holds exactly one `jax.Array` whose sharding is
+`NamedSharding(mesh, spec)`, plus the `mesh_axes` the user gave. Its device
+buffers *are* that array's buffers: `from_jax_array` / `to_jax_array` move
+nothing, and handing a GDA to `jax.jit` passes those buffers straight to the
+executable when the sharding matches.
+
+Stock JAX accepts it as an argument through its extension tables (installed by
+`_registry.install()`, defined at the bottom of this module):
+
+* `pytype_aval_mappings`: its aval is the wrapped array's aval, sharding
+  included, so a jitted computation follows the GDA's sharding;
+* `shard_arg_handlers`: delegates to JAX's own `jax.Array` handler, which
+  reuses the buffers when the sharding matches and reshards otherwise;
+* canonicalisation: the identity, as for `jax.Array`;
+* MLIR constant handlers: a GDA closed over by a jitted function is embedded
+  like a `jax.Array`;
+* `global_result_handlers`: with `jax_parallel_functions_output_gda` on, jit
+  outputs with a `NamedSharding` are wrapped as GDAs (`_output.py`).
+
+Since a GDA is a committed array, an explicit `in_shardings` that disagrees
+with its sharding gets stock JAX's committed-array `ValueError`. `__jax_array__`
+lets `jax.numpy` functions accept it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from jax_sharding_ext import _compat, _transfer
+from jax_sharding_ext._shard_math import (
+  Index,
+  MeshAxes,
+  Shape,
+  _hashable,
+  _layout,
+  normalize_mesh_axes,
+  to_partition_spec,
+)
+
+
+class _FromGda:
+  """Sentinel for legacy `pjit(in_axis_resources=FROM_GDA)`."""
+
+  _instance = None
+
+  def __new__(cls):
+    if cls._instance is None:
+      cls._instance = super().__new__(cls)
+    return cls._instance
+
+  def __repr__(self):
+    return "FROM_GDA"
+
+  def __reduce__(self):
+    return (_FromGda, ())
+
+
+FROM_GDA = _FromGda()
+"""Legacy `pjit` `in_axis_resources` entry: use the argument's own sharding."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """A single data shard of a `GlobalDeviceArray`.
+
+  Attributes:
+    device: the device holding this shard.
+    index: the index into the global array (a tuple of slices).
+    replica_id: which replica of the global array this shard belongs to; 0
+      for every shard of fully sharded data.
+    data: the shard as a single-device `jax.Array`; `None` when `device`
+      belongs to another process.
+  """
+
+  device: Any
+  index: Index
+  replica_id: int
+  data: jax.Array | None = None
+
+
+def _layout_of(shape, mesh, mesh_axes):
+  shape, key = _hashable(shape, mesh_axes)
+  return _layout(shape, mesh, key)
+
+
+def _named_sharding(mesh: Mesh, shape: Shape, mesh_axes: MeshAxes) -> NamedSharding:
+  return NamedSharding(mesh, to_partition_spec(normalize_mesh_axes(shape, mesh, mesh_axes)))
+
+
+def _check_buffers(global_shape, mesh, mesh_axes, buffers) -> Any:
+  """Validate constructor `device_buffers`; return their common dtype."""
+  if isinstance(buffers, (str, bytes)) or not isinstance(buffers, Sequence):
+    raise TypeError(
+        "`device_buffers` must be a list of single-device `jax.Array`s, one per "
+        f"device of `global_mesh.local_devices`; got {type(buffers).__name__}.")
+  local_devices = list(mesh.local_devices)
+  spec_text = f"shape {tuple(global_shape)} and mesh axes {mesh_axes!r}"
+  if len(buffers) != len(local_devices):
+    got = [_device_of(b) for b in buffers]
+    raise ValueError(
+        f"`GlobalDeviceArray` with {spec_text} expects {len(local_devices)} local "
+        f"shards, but got {len(buffers)} buffers on devices {got}. Pass one buffer "
+        "per device in `global_mesh.local_devices` order, or build it with "
+        "`GlobalDeviceArray.from_callback(...)`.")
+  for i, (b, d) in enumerate(zip(buffers, local_devices, strict=True)):
+    if not isinstance(b, jax.Array) or isinstance(b, jax.core.Tracer):
+      raise TypeError(
+          f"`device_buffers[{i}]` must be a concrete single-device `jax.Array`, "
+          f"got {type(b).__name__}. Use `jax.device_put(x, device)` to place it.")
+    if b.is_deleted():
+      raise RuntimeError(f"`device_buffers[{i}]` has been deleted or donated.")
+    devs = b.sharding.device_set
+    if len(devs) != 1:
+      raise ValueError(
+          f"`device_buffers[{i}]` spans {len(devs)} devices; each buffer must "
+          "live on exactly one device. Use `GlobalDeviceArray.from_jax_array` "
+          "for a sharded `jax.Array`.")
+    if next(iter(devs)) != d:
+      raise ValueError(
+          f"`device_buffers[{i}]` is on {next(iter(devs))} but "
+          f"`global_mesh.local_devices[{i}]` is {d}: the device order does not "
+          f"match. Got buffers on {[_device_of(x) for x in buffers]}, expected "
+          f"{local_devices}. Put arrays on devices in `global_mesh.local_devices` "
+          "order (not `jax.local_devices()` order).")
+  _, _, shard_shape = _layout_of(global_shape, mesh, mesh_axes)
+  shapes = [tuple(b.shape) for b in buffers]
+  if any(s != shard_shape for s in shapes):
+    raise ValueError(
+        f"`GlobalDeviceArray` with {spec_text} on mesh {dict(mesh.shape)} expects "
+        f"every shard to have shape {shard_shape}, but the buffers have shapes "
+        f"{shapes}.")
+  dtypes_ = [b.dtype for b in buffers]
+  if any(dt != dtypes_[0] for dt in dtypes_):
+    raise ValueError(
+        "Input arrays to `GlobalDeviceArray` must have matching dtypes, got "
+        f"{[str(dt) for dt in dtypes_]}.")
+  return dtypes_[0] if dtypes_ else None
+
+
+def _device_of(b) -> Any:
+  try:
+    devs = b.sharding.device_set
+    return next(iter(devs)) if len(devs) == 1 else sorted(devs, key=lambda d: d.id)
+  except AttributeError:
+    return type(b).__name__
+
+
+class GlobalDeviceArray:
+  """A logical array sharded across the devices (and processes) of a mesh.
+
+  Each process holds a `GlobalDeviceArray` for the same global array; it can
+  read the shape, dtype and sharding of the whole, pass it to `jax.jit`,
+  `pjit`, `jax.numpy`, `shard_map`, and read the data of the shards on its own
+  devices (`local_shards`). It is a zero-copy view over a `jax.Array`:
+  `to_jax_array()` returns that array and `from_jax_array()` wraps one.
+
+  Args:
+    global_shape: shape of the global array.
+    global_mesh: the mesh of every participating device.
+    mesh_axes: at most one entry per dimension: a mesh axis name, a tuple of
+      names (split over their product), or None (not split); or a
+      `PartitionSpec`.
+    device_buffers: one single-device `jax.Array` per device of
+      `global_mesh.local_devices`, in that order.
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> data = np.arange(16).reshape(8, 2)
+    >>> gda = GlobalDeviceArray.from_callback((8, 2), mesh, P('x', 'y'),
+    ...                                       lambda index: data[index])
+    >>> gda.local_shards[0].index
+    (slice(0, 2, None), slice(0, 1, None))
+  """
+
+  __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "__weakref__")
+  __array_priority__ = 100
+
+  # A GDA is always committed to its devices (read by `jax.jit`).
+  _committed = True
+
+  def __init__(self, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
+               device_buffers: Sequence[jax.Array]):
+    sharding = _named_sharding(global_mesh, global_shape, mesh_axes)
+    _check_buffers(global_shape, global_mesh, mesh_axes, device_buffers)
+    arr = jax.make_array_from_single_device_arrays(
+        tuple(global_shape), sharding, list(device_buffers))
+    self._init(arr, global_mesh, mesh_axes)
+
+  def _init(self, arr: jax.Array, mesh: Mesh, mesh_axes: MeshAxes) -> None:
+    self._arr = arr
+    self._mesh = mesh
+    self._mesh_axes = mesh_axes
+    self._local_shards = None
+
+  @classmethod
+  def _wrap(cls, arr: jax.Array, mesh_axes: MeshAxes | None = None) -> GlobalDeviceArray:
+    """Wrap `arr` (NamedSharding, already validated) without any checks."""
+    self = object.__new__(cls)
+    self._init(arr, arr.sharding.mesh, arr.sharding.spec if mesh_axes is None else mesh_axes)
+    return self
+
+  # -- conversions ----------------------------------------------------------
+
+  @classmethod
+  def from_jax_array(cls, arr: jax.Array) -> GlobalDeviceArray:
+    """Wrap a `jax.Array` with a `NamedSharding`; no copy, no transfer.
+
+    `mesh_axes` of the result is `arr.sharding.spec`.
+    """
+    if isinstance(arr, GlobalDeviceArray):
+      return arr
+    if not isinstance(arr, jax.Array) or isinstance(arr, jax.core.Tracer):
+      raise TypeError(
+          "`GlobalDeviceArray.from_jax_array` needs a concrete `jax.Array`, got "
+          f"{type(arr).__name__}. Inside `jax.jit` work with the traced value "
+          "directly; GDAs exist only outside traced code.")
+    if not isinstance(arr.sharding, NamedSharding):
+      raise ValueError(
+          "`GlobalDeviceArray.from_jax_array` needs a `jax.Array` whose sharding "
+          f"is a `NamedSharding`, got {arr.sharding}. Use "
+          "`jax.device_put(arr, NamedSharding(mesh, spec))` first.")
+    if arr.is_deleted():
+      raise RuntimeError(
+          "`GlobalDeviceArray.from_jax_array` got a `jax.Array` that has been "
+          "deleted or donated.")
+    if not _compat.is_plain_dtype(arr.dtype):
+      raise TypeError(
+          f"`GlobalDeviceArray` cannot hold dtype {arr.dtype} (PRNG keys and "
+          "other extended dtypes are not arrays of numbers).")
+    return cls._wrap(arr)
+
+  def to_jax_array(self) -> jax.Array:
+    """Return the `jax.Array` this GDA views (the same buffers; no copy)."""
+    return self._checked_array("convert it with `to_jax_array()`")
+
+  def __jax_array__(self) -> jax.Array:
+    return self._checked_array("use it in a JAX operation")
+
+  def _checked_array(self, action: str) -> jax.Array:
+    arr = self._arr
+    if arr.is_deleted():
+      raise RuntimeError(
+          f"Cannot {action}: this GlobalDeviceArray (shape={self.shape}, "
+          f"dtype={self.dtype}) has been deleted or donated. After "
+          "`jax.jit(..., donate_argnums=...)` use the function's output instead "
+          "of the donated input.")
+    return arr
+
+  # -- constructors from host data ------------------------------------------
+
+  @classmethod
+  def from_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
+                    data_callback: Callable[[Index], Any]) -> GlobalDeviceArray:
+    """Build a GDA from `data_callback(index)`, called once per local device.
+
+    Args:
+      global_shape: shape of the global array.
+      global_mesh: the mesh.
+      mesh_axes: see `GlobalDeviceArray`.
+      data_callback: takes an index into the global array (a tuple of slices)
+        and returns the data there, as any array-like (numpy, `jax.Array`,
+        nested lists). It is called for every local device, replicas included.
+    """
+    _require_callable(data_callback, "data_callback")
+    sharding, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
+    values = [data_callback(idx) for idx in indices]
+    return cls._from_host_values(global_shape, global_mesh, mesh_axes, sharding, devices,
+                                 indices, values)
+
+  @classmethod
+  def from_batched_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
+                            data_callback: Callable[[Sequence[Index]], Sequence[Any]]
+                            ) -> GlobalDeviceArray:
+    """Like `from_callback`, but `data_callback` is called once.
+
+    It gets the list of indices of all local devices (in
+    `global_mesh.local_devices` order) and returns one array-like per index.
+    """
+    _require_callable(data_callback, "data_callback")
+    sharding, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
+    values = data_callback(list(indices))
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+      raise TypeError(
+          "`data_callback` of `from_batched_callback` must return a list with one "
+          f"array per index, got {type(values).__name__}.")
+    if len(values) != len(indices):
+      raise ValueError(
+          f"`data_callback` of `from_batched_callback` was given {len(indices)} "
+          f"indices (one per local device) but returned {len(values)} arrays.")
+    return cls._from_host_values(global_shape, global_mesh, mesh_axes, sharding, devices,
+                                 indices, values)
+
+  @classmethod
+  def from_batched_callback_with_devices(
+      cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
+      data_callback: Callable[[Sequence[tuple[Index, tuple[Any, ...]]]], Sequence[jax.Array]],
+  ) -> GlobalDeviceArray:
+    """Like `from_batched_callback`, but the callback places the data itself.
+
+    `data_callback` gets one `(index, devices)` entry per distinct local index
+    (the devices holding that index, in mesh order) and returns one
+    single-device `jax.Array` per local device, e.g. by calling
+    `jax.device_put(data, device)`. The arrays may come in
+    `global_mesh.local_devices` order or grouped per entry; they are matched to
+    devices by where they live.
+    """
+    _require_callable(data_callback, "data_callback")
+    _, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
+    groups: dict[tuple, tuple[Index, list[Any]]] = {}
+    for d, idx in zip(devices, indices, strict=True):
+      key = tuple((s.start, s.stop) for s in idx)
+      groups.setdefault(key, (idx, []))[1].append(d)
+    arrays = data_callback([(idx, tuple(devs)) for idx, devs in groups.values()])
+    if isinstance(arrays, Sequence) and len(arrays) == len(devices):
+      by_device = {}
+      for a in arrays:
+        if isinstance(a, jax.Array) and len(getattr(a, "sharding").device_set) == 1:
+          by_device.setdefault(next(iter(a.sharding.device_set)), a)
+      if set(by_device) == set(devices):
+        arrays = [by_device[d] for d in devices]
+    return cls(global_shape, global_mesh, mesh_axes, arrays)
+
+  @classmethod
+  def _from_host_values(cls, global_shape, mesh, mesh_axes, sharding, devices, indices,
+                        values) -> GlobalDeviceArray:
+    _, _, shard_shape = _layout_of(global_shape, mesh, mesh_axes)
+    prepared = []
+    dtype = None
+    for i, (v, idx) in enumerate(zip(values, indices, strict=True)):
+      if isinstance(v, jax.core.Tracer):
+        raise TypeError(
+            "`data_callback` returned a traced value; GDAs are built from "
+            "concrete data outside `jax.jit`.")
+      if not isinstance(v, (np.ndarray, jax.Array)):
+        v = np.asarray(v)
+      v = _compat.canonicalize_value(v)
+      if tuple(v.shape) != shard_shape:
+        raise ValueError(
+            f"`data_callback` returned shape {tuple(v.shape)} for index {idx} "
+            f"(device {devices[i]}), but shards of global shape "
+            f"{tuple(global_shape)} with mesh axes {mesh_axes!r} have shape "
+            f"{shard_shape}. Return `global_data[index]`.")
+      if v.dtype == np.dtype(object) or not _compat.is_plain_dtype(v.dtype):
+        raise TypeError(
+            f"`data_callback` returned dtype {v.dtype} for index {idx}; return "
+            "numeric array data.")
+      if dtype is None:
+        dtype = v.dtype
+      elif v.dtype != dtype:
+        raise ValueError(
+            f"`data_callback` returned dtype {v.dtype} for index {idx} (device "
+            f"{devices[i]}) but {dtype} for an earlier index; every shard must "
+            "have the same dtype.")
+      prepared.append(v)
+    if dtype is None:  # a process with no local devices in the mesh
+      dtype = np.dtype(np.float32)
+    arr = _transfer.place_host_shards(global_shape, dtype, sharding, prepared, devices)
+    return cls._wrap(arr, mesh_axes)
+
+  # -- attributes ---------------------------------------------------------------
+
+  @property
+  def shape(self) -> Shape:
+    return tuple(self._arr.shape)
+
+  @property
+  def dtype(self) -> np.dtype:
+    return self._arr.dtype
+
+  @property
+  def ndim(self) -> int:
+    return self._arr.ndim
+
+  @property
+  def size(self) -> int:
+    return math.prod(self._arr.shape)
+
+  @property
+  def nbytes(self) -> int:
+    return self.size * self.dtype.itemsize
+
+  @property
+  def mesh(self) -> Mesh:
+    return self._mesh
+
+  @property
+  def mesh_axes(self) -> MeshAxes:
+    return self._mesh_axes
+
+  @property
+  def sharding(self) -> NamedSharding:
+    return self._arr.sharding
+
+  @property
+  def format(self):
+    return self._arr.format
+
+  @property
+  def is_fully_replicated(self) -> bool:
+    return self._arr.sharding.is_fully_replicated
+
+  @property
+  def is_fully_addressable(self) -> bool:
+    return self._arr.sharding.is_fully_addressable
+
+  @property
+  def local_shards(self) -> list[Shard]:
+    """The shards on this process's devices, in `mesh.local_devices` order."""
+    arr = self._checked_array("read its local shards")
+    shards = self._local_shards
+    if shards is None:
+      indices, rids, _ = _layout_of(self.shape, self._mesh, self._mesh_axes)
+      pos = {d: i for i, d in enumerate(self._mesh.devices.flat)}
+      data = {s.device: s.data for s in arr.addressable_shards}
+      shards = [Shard(d, indices[pos[d]], rids[pos[d]], data[d])
+                for d in self._mesh.local_devices]
+      self._local_shards = shards
+    return list(shards)
+
+  addressable_shards = local_shards
+
+  @property
+  def global_shards(self) -> list[Shard]:
+    """Every device's shard; `data` is None for devices of other processes."""
+    local = {s.device: s for s in self.local_shards}
+    indices, rids, _ = _layout_of(self.shape, self._mesh, self._mesh_axes)
+    return [local.get(d) or Shard(d, idx, rid, None)
+            for d, idx, rid in zip(self._mesh.devices.flat, indices, rids, strict=True)]
+
+  def local_data(self, i: int) -> jax.Array:
+    """The data of local shard `i` (Python indexing) as a single-device array."""
+    shards = self.local_shards
+    if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+      raise TypeError(f"`local_data` index must be an int, got {type(i).__name__}.")
+    if not -len(shards) <= i < len(shards):
+      raise IndexError(
+          f"`local_data({i})` is out of range: this GlobalDeviceArray has "
+          f"{len(shards)} local shards.")
+    return shards[i].data
+
+  addressable_data = local_data
+
+  def block_until_ready(self) -> GlobalDeviceArray:
+    self._checked_array("wait for it").block_until_ready()
+    return self
+
+  def copy_to_host_async(self) -> None:
+    self._checked_array("fetch it to the host").copy_to_host_async()
+
+  def delete(self) -> None:
+    """Free the device buffers; later uses raise `RuntimeError`."""
+    self._arr.delete()
+    self._local_shards = None
+
+  def is_deleted(self) -> bool:
+    return self._arr.is_deleted()
+
+  def devices(self) -> set:
+    return self._arr.devices()
+
+  def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    if copy is False:
+      raise ValueError(
+          "A GlobalDeviceArray lives on devices; converting it to numpy always "
+          "copies, so `copy=False` cannot be honoured.")
+    return _transfer.to_host(self, dtype)
+
+  def __len__(self) -> int:
+    if not self.shape:
+      raise TypeError("len() of unsized object")
+    return self.shape[0]
+
+  def __eq__(self, other: object):
+    raise NotImplementedError(
+        "GlobalDeviceArray equality is intentionally unimplemented. "
+        "Implement desired functionality explicitly, e.g. to check if all "
+        "values are equal: "
+        "pjit(lambda x, y: x == y, "
+        "in_axis_resources=FROM_GDA, out_axis_resources=None)")
+
+  __hash__ = None  # type: ignore[assignment]
+
+  def __str__(self) -> str:
+    return f"GlobalDeviceArray(shape={self.shape}, dtype={self.dtype})"
+
+  def __repr__(self) -> str:
+    return (f"GlobalDeviceArray(shape={self.shape}, dtype={self.dtype}, "
+            f"global_mesh_shape={dict(self._mesh.shape)}, "
+            f"mesh_axes={self._mesh_axes!r})")
+
+  def _repr_html_(self) -> str:
+    from jax_sharding_ext._html import gda_html
+    return gda_html(self)
+
+
+def _require_callable(fn, name: str) -> None:
+  if not callable(fn):
+    raise TypeError(f"`{name}` must be callable, got {type(fn).__name__}.")
+
+
+def _placement(global_shape, mesh, mesh_axes):
+  """(sharding, local devices, their seed indices) for a new GDA."""
+  sharding = _named_sharding(mesh, global_shape, mesh_axes)
+  indices, _, _ = _layout_of(global_shape, mesh, mesh_axes)
+  pos = {d: i for i, d in enumerate(mesh.devices.flat)}
+  devices = list(mesh.local_devices)
+  return sharding, devices, [indices[pos[d]] for d in devices]
+
+
+# ---------------------------------------------------------------------------
+# Handlers for JAX's extension tables. Defined next to the type, installed only
+# by `_registry.install()`.
+# ---------------------------------------------------------------------------
+
+
+def _gda_aval(x: GlobalDeviceArray):
+  return _compat.array_aval(x._checked_array("use it in a JAX operation"))
+
+
+def _gda_shard_arg(xs, shardings, layouts, copy_semantics):
+  return _transfer.shard_args(xs, shardings, layouts, copy_semantics)
+
+
+def _gda_constant_handler(x: GlobalDeviceArray, aval):
+  return _compat.array_constant_handler(x._checked_array("embed it as a constant"), aval)

@@ -1,0 +1,55 @@
+"""The `jax_parallel_functions_output_gda` flag and the result handler behind it.
+
+With the flag on, every output of `jax.jit` / `pjit` whose sharding is a
+`NamedSharding` comes back as a `GlobalDeviceArray` (0-d included); outputs on
+a single device without a mesh stay `jax.Array`, and so does the result of
+`jax.device_put` (stock behaviour).
+
+The flag is part of JAX's jit cache key and trace context
+(`include_in_jit_key`, `include_in_trace_context`): the result handler is
+chosen when an executable is built, so flipping the flag has to select a
+different executable from every cache (the C++ dispatch cache and the Python
+lowering/compilation caches), or a cached one would keep returning the old
+type.
+"""
+
+from __future__ import annotations
+
+from jax.sharding import NamedSharding
+
+from jax_sharding_ext import _compat
+from jax_sharding_ext._gda import GlobalDeviceArray
+
+FLAG_NAME = "jax_parallel_functions_output_gda"
+
+parallel_functions_output_gda = _compat.define_bool_flag(
+    FLAG_NAME,
+    default=False,
+    help=(
+        "If True, outputs of jax.jit / pjit with a NamedSharding are returned "
+        "as jax_sharding_ext.GlobalDeviceArray instead of jax.Array. Default "
+        "False. Defined by jax_sharding_ext (stock JAX removed this GDA-era "
+        "flag); it has no effect after jax_sharding_ext.uninstall()."),
+    include_in_jit_key=True,
+    include_in_trace_context=True,
+)
+"""Context manager and state of the flag: `with parallel_functions_output_gda(True):`."""
+
+# The entry of `global_result_handlers[ShapedArray]` that this package wraps:
+# whatever was installed before `install()` (JAX's own handler, normally).
+_wrapped_result_handler = None
+
+
+def _wrap_output(arr):
+  return GlobalDeviceArray._wrap(arr)
+
+
+def result_handler(aval, sharding, committed):
+  handler = _wrapped_result_handler(aval, sharding, committed)
+  if (parallel_functions_output_gda.value
+      and isinstance(sharding, NamedSharding)
+      and not sharding.mesh.empty
+      and _compat.is_plain_dtype(aval.dtype)
+      and not _compat.in_explicit_device_put()):
+    return handler.wrap(_wrap_output)
+  return handler

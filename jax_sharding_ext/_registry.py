@@ -1,0 +1,85 @@
+"""`install()` / `uninstall()`: every edit this package makes to JAX's tables.
+
+`import jax_sharding_ext` calls `install()`. Installing is idempotent (a second
+call changes nothing) and reversible: each edit remembers the entry it
+replaced, and `uninstall()` puts back exactly the prior contents, in reverse
+order. Two things JAX cannot undo stay after `uninstall()`, inert: the
+`jax_parallel_functions_output_gda` config option (no handler reads it any
+more), and the C++ canonicalisation entry for `GlobalDeviceArray` (it switches
+to raising stock JAX's "not a valid JAX type" error).
+
+Nothing here touches a device: installing never initialises a backend, so
+`jax.distributed.initialize()` can still be called after the import.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from jax_sharding_ext import _compat, _gda, _output
+
+_lock = threading.RLock()
+_edits: list | None = None
+_installed = False
+
+
+class _ResultHandlerEdit(_compat.TableEdit):
+  """Wraps whatever `ShapedArray` result handler was there before."""
+
+  def apply(self) -> None:
+    super().apply()
+    _output._wrapped_result_handler = self.prev
+
+  def revert(self) -> None:
+    super().revert()
+    _output._wrapped_result_handler = None
+
+
+def _build_edits() -> list:
+  GDA = _gda.GlobalDeviceArray
+  return [
+      _compat.TableEdit("pytype_aval_mappings", _compat.pytype_aval_mappings, GDA,
+                        _gda._gda_aval),
+      _compat.TableEdit("shard_arg_handlers", _compat.shard_arg_handlers, GDA,
+                        _gda._gda_shard_arg),
+      _compat.CanonicalizeEdit(GDA),
+      _compat.TableEdit("mlir constant handlers", _compat.constant_handlers, GDA,
+                        _gda._gda_constant_handler),
+      _ResultHandlerEdit("global_result_handlers", _compat.global_result_handlers,
+                         _compat.ShapedArray, _output.result_handler),
+  ]
+
+
+def install() -> None:
+  """Register everything into JAX's tables. Idempotent."""
+  global _edits, _installed
+  with _lock:
+    if _installed:
+      return
+    if _edits is None:
+      _edits = _build_edits()
+    done = []
+    try:
+      for edit in _edits:
+        edit.apply()
+        done.append(edit)
+    except BaseException:
+      for edit in reversed(done):
+        edit.revert()
+      raise
+    _installed = True
+
+
+def uninstall() -> None:
+  """Restore every table this package touched to its exact prior contents."""
+  global _installed
+  with _lock:
+    if not _installed:
+      return
+    for edit in reversed(_edits):
+      edit.revert()
+    _installed = False
+
+
+def is_installed() -> bool:
+  return _installed
