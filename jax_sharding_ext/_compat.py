@@ -31,16 +31,17 @@ class UnsupportedJaxVersionError(ImportError):
   """The installed JAX is outside the range this package was built against."""
 
 
-def _check_version() -> None:
-  if not (MIN_JAX <= JAX_VERSION < MAX_JAX_EXCLUSIVE):
+def check_version(version: tuple[int, ...] = JAX_VERSION) -> None:
+  """Raise `UnsupportedJaxVersionError` unless `version` is supported."""
+  if not (MIN_JAX <= tuple(version) < MAX_JAX_EXCLUSIVE):
     raise UnsupportedJaxVersionError(
         f"jax_sharding_ext supports jax >= {'.'.join(map(str, MIN_JAX))} and "
-        f"< {'.'.join(map(str, MAX_JAX_EXCLUSIVE))}, but jax {jax.__version__} "
+        f"< {'.'.join(map(str, MAX_JAX_EXCLUSIVE))}, but jax {'.'.join(map(str, version))} "
         "is installed. Install a supported version, e.g. "
         "`pip install 'jax>=0.10.2,<0.13'`.")
 
 
-_check_version()
+check_version()
 
 # All private imports below. If one of them fails, the version check above
 # passed, so the message names the module that moved.

@@ -342,6 +342,10 @@ class GlobalDeviceArray:
             "concrete data outside `jax.jit`.")
       if not isinstance(v, (np.ndarray, jax.Array)):
         v = np.asarray(v)
+      if v.dtype == np.dtype(object) or not _compat.is_plain_dtype(v.dtype):
+        raise TypeError(
+            f"`data_callback` returned dtype {v.dtype} for index {idx}; return "
+            "numeric array data.")
       v = _compat.canonicalize_value(v)
       if tuple(v.shape) != shard_shape:
         raise ValueError(
@@ -349,10 +353,6 @@ class GlobalDeviceArray:
             f"(device {devices[i]}), but shards of global shape "
             f"{tuple(global_shape)} with mesh axes {mesh_axes!r} have shape "
             f"{shard_shape}. Return `global_data[index]`.")
-      if v.dtype == np.dtype(object) or not _compat.is_plain_dtype(v.dtype):
-        raise TypeError(
-            f"`data_callback` returned dtype {v.dtype} for index {idx}; return "
-            "numeric array data.")
       if dtype is None:
         dtype = v.dtype
       elif v.dtype != dtype:

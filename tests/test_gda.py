@@ -1,0 +1,231 @@
+"""GlobalDeviceArray: constructors, attributes, zero-copy views, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_sharding_ext import GlobalDeviceArray, Shard, get_shard_indices
+
+
+def _ptrs(arrays):
+  return [a.unsafe_buffer_pointer() for a in arrays]
+
+
+def _global(shape, dtype=np.int32):
+  return np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+
+
+def test_from_callback_seed_example(mesh_2d):
+  data = _global((8, 2))
+  calls = []
+
+  def cb(index):
+    calls.append(index)
+    return data[index]
+
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x", "y"), cb)
+  assert len(calls) == 8
+  assert gda.shape == (8, 2)
+  np.testing.assert_array_equal(gda.local_shards[0].data, [[0], [2]])
+  assert gda.local_shards[0].data.shape == (2, 1)
+  assert gda.local_shards[0].index == (slice(0, 2, None), slice(0, 1, None))
+  np.testing.assert_array_equal(np.asarray(gda), data)
+
+
+def test_from_callback_called_per_device_even_when_replicated(mesh_2d):
+  data = _global((8, 4))
+  calls = []
+  gda = GlobalDeviceArray.from_callback(
+      (8, 4), mesh_2d, [], lambda i: calls.append(i) or data[i])
+  assert calls == [(slice(None), slice(None))] * 8
+  assert gda.is_fully_replicated
+  assert [s.replica_id for s in gda.local_shards] == list(range(8))
+  for s in gda.local_shards:
+    np.testing.assert_array_equal(s.data, data)
+
+
+def test_from_batched_callback(mesh_2d):
+  data = _global((8, 2))
+  seen = []
+
+  def cb(indices):
+    seen.append(list(indices))
+    return [data[i] for i in indices]
+
+  gda = GlobalDeviceArray.from_batched_callback((8, 2), mesh_2d, P("x"), cb)
+  assert len(seen) == 1 and len(seen[0]) == len(mesh_2d.local_devices)
+  assert gda.local_data(0).shape == (2, 2)
+  np.testing.assert_array_equal(np.asarray(gda), data)
+
+
+@pytest.mark.parametrize("spec", [P(("x", "y")), P("y"), P()])
+def test_from_batched_callback_with_devices(mesh_2d, spec):
+  data = _global((8, 2))
+  entries = []
+
+  def cb(cb_inp):
+    entries.extend(cb_inp)
+    dbs = []
+    for index, devices in cb_inp:
+      dbs.extend(jax.device_put(data[index], d) for d in devices)
+    return dbs
+
+  gda = GlobalDeviceArray.from_batched_callback_with_devices((8, 2), mesh_2d, spec, cb)
+  indices = get_shard_indices((8, 2), mesh_2d, spec)
+  # One entry per distinct index, listing the devices that hold it.
+  assert len({tuple((s.start, s.stop) for s in i) for i, _ in entries}) == len(entries)
+  assert sum(len(devs) for _, devs in entries) == 8
+  for index, devs in entries:
+    assert all(indices[d] == index for d in devs)
+  np.testing.assert_array_equal(np.asarray(gda), data)
+  assert [s.device for s in gda.local_shards] == list(mesh_2d.local_devices)
+
+
+def test_constructor_and_zero_copy_views(mesh_2d):
+  data = _global((8, 4))
+  idx = get_shard_indices((8, 4), mesh_2d, ["x", "y"])
+  bufs = [jax.device_put(data[idx[d]], d) for d in mesh_2d.local_devices]
+  gda = GlobalDeviceArray((8, 4), mesh_2d, ["x", "y"], bufs)
+  assert _ptrs(bufs) == _ptrs([s.data for s in gda.local_shards])
+  arr = gda.to_jax_array()
+  assert isinstance(arr, jax.Array)
+  assert _ptrs(bufs) == _ptrs([s.data for s in arr.addressable_shards])
+  back = GlobalDeviceArray.from_jax_array(arr)
+  assert back.mesh_axes == arr.sharding.spec
+  assert _ptrs(bufs) == _ptrs([back.local_data(i) for i in range(8)])
+  np.testing.assert_array_equal(np.asarray(back), data)
+
+
+def test_from_jax_array_rejects_non_named_sharding(devices):
+  arr = jnp.arange(4)
+  with pytest.raises(ValueError, match="NamedSharding"):
+    GlobalDeviceArray.from_jax_array(arr)
+  with pytest.raises(TypeError, match="jax.Array"):
+    GlobalDeviceArray.from_jax_array(np.arange(4))
+
+
+def test_attributes(mesh_2d):
+  data = _global((8, 2))
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, [("x", "y")], lambda i: data[i])
+  assert gda.shape == (8, 2) and gda.ndim == 2 and gda.size == 16
+  assert gda.dtype == np.int32
+  assert gda.mesh is mesh_2d
+  assert gda.mesh_axes == [("x", "y")]
+  assert gda.sharding == NamedSharding(mesh_2d, P(("x", "y")))
+  assert not gda.is_fully_replicated and gda.is_fully_addressable
+  assert gda.addressable_shards == gda.local_shards
+  assert gda.addressable_data(3) is not None
+  assert gda.global_shards == gda.local_shards  # one process: all local
+  assert all(isinstance(s, Shard) for s in gda.global_shards)
+  for i, s in enumerate(gda.local_shards):
+    np.testing.assert_array_equal(gda.local_data(i), data[s.index])
+  np.testing.assert_array_equal(gda.local_data(-1), data[gda.local_shards[-1].index])
+  assert gda.block_until_ready() is gda
+
+
+def test_str_repr_eq(mesh_2d):
+  gda = GlobalDeviceArray.from_callback(
+      (8, 2), mesh_2d, [("x", "y")], lambda i: _global((8, 2))[i])
+  assert str(gda) == "GlobalDeviceArray(shape=(8, 2), dtype=int32)"
+  assert repr(gda) == ("GlobalDeviceArray(shape=(8, 2), dtype=int32, "
+                       "global_mesh_shape={'x': 4, 'y': 2}, mesh_axes=[('x', 'y')])")
+  with pytest.raises(NotImplementedError, match="intentionally unimplemented"):
+    gda == gda  # noqa: B015
+  html = gda._repr_html_()
+  assert html.count("<tr>") == 1 + 8 and "0:1" in html
+
+
+def test_repr_html_marks_replicas(mesh_2d):
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, ["x"], lambda i: _global((8, 2))[i])
+  html = gda._repr_html_()
+  assert html.count("(replica)") == 4
+
+
+def test_delete(mesh_2d):
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, ["x"], lambda i: _global((8, 2))[i])
+  assert not gda.is_deleted()
+  gda.delete()
+  assert gda.is_deleted()
+  for use in (lambda: gda.local_data(0), lambda: gda.local_shards, lambda: np.asarray(gda),
+              gda.to_jax_array, lambda: jax.jit(lambda x: x)(gda), lambda: jnp.sin(gda),
+              gda.block_until_ready):
+    with pytest.raises(RuntimeError, match="deleted or donated"):
+      use()
+
+
+def test_local_data_out_of_range(mesh_2d):
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, ["x"], lambda i: _global((8, 2))[i])
+  with pytest.raises(IndexError, match=r"local_data\(8\).*8 local shards"):
+    gda.local_data(8)
+  with pytest.raises(IndexError, match=r"local_data\(-9\)"):
+    gda.local_data(-9)
+
+
+class TestBadInput:
+
+  def test_callback_wrong_shape(self, mesh_2d):
+    with pytest.raises(ValueError, match=r"returned shape \(8, 2\).*have shape \(2, 1\)"):
+      GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x", "y"), lambda i: _global((8, 2)))
+
+  def test_callback_inconsistent_dtype(self, mesh_2d):
+    data = _global((8, 2))
+
+    def cb(index):
+      return data[index].astype(np.float32 if index[0].start == 4 else np.int32)
+
+    with pytest.raises(ValueError, match="same dtype"):
+      GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x"), cb)
+
+  def test_callback_non_numeric(self, mesh_2d):
+    with pytest.raises(TypeError, match="dtype"):
+      GlobalDeviceArray.from_callback(
+          (8,), mesh_2d, P("x"), lambda i: np.array(["a", "b"], dtype=object))
+
+  def test_callback_not_callable(self, mesh_2d):
+    with pytest.raises(TypeError, match="data_callback"):
+      GlobalDeviceArray.from_callback((8,), mesh_2d, P("x"), np.arange(8))
+
+  def test_batched_wrong_count(self, mesh_2d):
+    with pytest.raises(ValueError, match="8 indices.*returned 3"):
+      GlobalDeviceArray.from_batched_callback(
+          (8,), mesh_2d, P("x"), lambda idx: [np.zeros(2)] * 3)
+
+  def test_wrong_number_of_buffers(self, mesh_2d):
+    bufs = [jax.device_put(np.zeros((2, 1)), d) for d in mesh_2d.local_devices[:3]]
+    with pytest.raises(ValueError, match="expects 8 local shards, but got 3 buffers"):
+      GlobalDeviceArray((8, 2), mesh_2d, P("x", "y"), bufs)
+
+  def test_buffers_wrong_order(self, mesh_2d):
+    devs = list(mesh_2d.local_devices)
+    bufs = [jax.device_put(np.zeros((2, 1), np.float32), d) for d in devs[::-1]]
+    with pytest.raises(ValueError, match="device order does not match"):
+      GlobalDeviceArray((8, 2), mesh_2d, P("x", "y"), bufs)
+
+  def test_buffers_wrong_shape(self, mesh_2d):
+    bufs = [jax.device_put(np.zeros((4, 1), np.float32), d) for d in mesh_2d.local_devices]
+    with pytest.raises(ValueError, match=r"shape \(2, 1\)"):
+      GlobalDeviceArray((8, 2), mesh_2d, P("x", "y"), bufs)
+
+  def test_buffers_mismatched_dtypes(self, mesh_2d):
+    bufs = [jax.device_put(np.zeros((2, 1), np.float32 if k else np.int32), d)
+            for k, d in enumerate(mesh_2d.local_devices)]
+    with pytest.raises(ValueError, match="matching dtypes"):
+      GlobalDeviceArray((8, 2), mesh_2d, P("x", "y"), bufs)
+
+  def test_buffers_not_arrays(self, mesh_2d):
+    with pytest.raises(TypeError, match=r"device_buffers\[0\]"):
+      GlobalDeviceArray((8, 2), mesh_2d, P("x", "y"), [np.zeros((2, 1))] * 8)
+
+  def test_multi_device_buffer(self, mesh_2d):
+    sharded = jax.device_put(np.zeros((8, 2)), NamedSharding(mesh_2d, P("x")))
+    with pytest.raises(ValueError, match="exactly one device"):
+      GlobalDeviceArray((8, 2), mesh_2d, P("x", "y"), [sharded] * 8)
+
+  def test_bad_mesh_axes_in_constructors(self, mesh_2d):
+    with pytest.raises(ValueError, match="not in the mesh"):
+      GlobalDeviceArray.from_callback((8,), mesh_2d, ["z"], lambda i: np.zeros(2))
+    with pytest.raises(ValueError, match="not divisible"):
+      GlobalDeviceArray.from_callback((6,), mesh_2d, ["x"], lambda i: np.zeros(2))

@@ -1,0 +1,140 @@
+"""The `jax_parallel_functions_output_gda` flag, in JAX's own config system."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_sharding_ext
+from jax_sharding_ext import GlobalDeviceArray, parallel_functions_output_gda
+
+
+def _gda(mesh, spec=P("x", "y")):
+  data = np.arange(64, dtype=np.float32).reshape(8, 8)
+  return GlobalDeviceArray.from_callback((8, 8), mesh, spec, lambda i: data[i]), data
+
+
+def test_default_off(mesh_2d):
+  gda, _ = _gda(mesh_2d)
+  assert jax.config.jax_parallel_functions_output_gda is False
+  assert type(jax.jit(lambda x: x + 1)(gda)) is not GlobalDeviceArray
+
+
+def test_config_update_turns_outputs_into_gdas(mesh_2d):
+  gda, data = _gda(mesh_2d)
+  jax.config.update("jax_parallel_functions_output_gda", True)
+  out = jax.jit(lambda x: (x + 1, x.sum(), x.T))(gda)
+  assert all(type(o) is GlobalDeviceArray for o in out)
+  assert out[0].mesh_axes == P("x", "y") and out[0].mesh is mesh_2d
+  assert out[1].shape == ()  # 0-d outputs with a NamedSharding too
+  np.testing.assert_array_equal(np.asarray(out[0]), data + 1)
+  # A GDA output is a normal GDA: it goes straight back into jit.
+  again = jax.jit(lambda x: x * 2)(out[0])
+  assert type(again) is GlobalDeviceArray
+  np.testing.assert_array_equal(np.asarray(again), (data + 1) * 2)
+
+
+def test_context_manager(mesh_2d):
+  gda, _ = _gda(mesh_2d)
+  f = jax.jit(lambda x: x - 1)
+  with parallel_functions_output_gda(True):
+    assert type(f(gda)) is GlobalDeviceArray
+  assert type(f(gda)) is not GlobalDeviceArray
+
+
+@pytest.mark.parametrize("arg_kind", ["gda", "jax_array"])
+def test_flipping_never_returns_a_stale_type(mesh_2d, arg_kind):
+  gda, data = _gda(mesh_2d)
+  x = gda if arg_kind == "gda" else gda.to_jax_array()
+  f = jax.jit(lambda x: x * 3)
+  for flag in (False, True, False, True, True, False):
+    jax.config.update("jax_parallel_functions_output_gda", flag)
+    for _ in range(3):  # repeated calls hit jit's C++ and Python caches
+      out = f(x)
+      assert (type(out) is GlobalDeviceArray) == flag
+      np.testing.assert_array_equal(np.asarray(out), data * 3)
+
+
+def test_single_device_and_device_put_outputs_stay_jax_arrays(mesh_2d):
+  jax.config.update("jax_parallel_functions_output_gda", True)
+  out = jax.jit(lambda: jnp.ones(3))()
+  assert type(out) is not GlobalDeviceArray
+  gda, _ = _gda(mesh_2d)
+  moved = jax.device_put(gda, NamedSharding(mesh_2d, P("x")))
+  assert type(moved) is not GlobalDeviceArray
+
+
+def test_no_effect_after_uninstall(mesh_2d, fresh_registry):
+  arr = jax.device_put(np.ones((8, 8)), NamedSharding(mesh_2d, P("x")))
+  jax.config.update("jax_parallel_functions_output_gda", True)
+  jax_sharding_ext.uninstall()
+  assert type(jax.jit(lambda x: x + 2)(arr)) is not GlobalDeviceArray
+  jax_sharding_ext.install()
+  assert type(jax.jit(lambda x: x + 2)(arr)) is GlobalDeviceArray
+
+
+_CHILD = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, numpy as np
+    import jax_sharding_ext
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+    arr = jax.device_put(np.ones((8, 8)), NamedSharding(mesh, P("x", "y")))
+    out = jax.jit(lambda x: x + 1)(arr)
+    print(type(out).__name__, jax.config.jax_parallel_functions_output_gda)
+""")
+
+
+def _run_child(env):
+  code = _CHILD
+  env = {**os.environ, **env}
+  res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=120)
+  assert res.returncode == 0, res.stderr
+  return res.stdout.strip()
+
+
+def test_environment_variable():
+  assert _run_child({"JAX_PARALLEL_FUNCTIONS_OUTPUT_GDA": "true"}) == "GlobalDeviceArray True"
+  assert _run_child({"JAX_PARALLEL_FUNCTIONS_OUTPUT_GDA": "0"}) == "ArrayImpl False"
+
+
+_ABSL_CHILD = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    from absl import app
+    import jax, numpy as np
+    {before}
+    import jax_sharding_ext
+    {after}
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    def main(argv):
+      mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+      arr = jax.device_put(np.ones((8, 8)), NamedSharding(mesh, P("x", "y")))
+      print(type(jax.jit(lambda x: x + 1)(arr)).__name__)
+
+    app.run(main)
+""")
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_absl_flag(when):
+  # `config_with_absl()` may run before or after this package defines its flag.
+  call = "jax.config.config_with_absl()"
+  code = _ABSL_CHILD.format(before=call if when == "before" else "",
+                            after=call if when == "after" else "")
+  for argv, expected in ((["--jax_parallel_functions_output_gda"], "GlobalDeviceArray"),
+                         (["--nojax_parallel_functions_output_gda"], "ArrayImpl")):
+    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == expected

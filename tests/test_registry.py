@@ -1,0 +1,108 @@
+"""install()/uninstall(): idempotent, exactly reversible, no device side effects."""
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from jax._src import core, effects
+from jax._src.interpreters import mlir, pxla
+from jax.sharding import PartitionSpec as P
+
+import jax_sharding_ext
+from jax_sharding_ext import GlobalDeviceArray
+
+_DICT_TABLES = {
+    "pytype_aval_mappings": core.pytype_aval_mappings,
+    "shard_arg_handlers": pxla.shard_arg_handlers,
+    "global_result_handlers": pxla.global_result_handlers,
+    "mlir constant handlers": mlir._constant_handlers,
+    "mlir lowerings": mlir._lowerings,
+    "mlir platform lowerings": mlir._platform_specific_lowerings,
+}
+_EFFECT_SETS = [n for n in dir(effects) if isinstance(getattr(effects, n), effects.EffectTypeSet)]
+
+
+def _snapshot():
+  snap = {}
+  for name, table in _DICT_TABLES.items():
+    if name == "mlir platform lowerings":
+      snap[name] = {p: dict(t) for p, t in table.items()}
+    else:
+      snap[name] = dict(table)
+  for name in _EFFECT_SETS:
+    snap[name] = set(getattr(effects, name)._effect_types)
+  return snap
+
+
+def _assert_same(a, b):
+  assert a.keys() == b.keys()
+  for name in a:
+    if isinstance(a[name], set):
+      assert a[name] == b[name], name
+      continue
+    assert a[name].keys() == b[name].keys(), name
+    for k in a[name]:
+      if isinstance(a[name][k], dict):
+        assert a[name][k].keys() == b[name][k].keys(), (name, k)
+        assert all(a[name][k][j] is b[name][k][j] for j in a[name][k]), (name, k)
+      else:
+        assert a[name][k] is b[name][k], (name, k)
+
+
+def test_uninstall_restores_every_table_exactly(fresh_registry):
+  jax_sharding_ext.uninstall()
+  assert not jax_sharding_ext.is_installed()
+  before = _snapshot()
+  jax_sharding_ext.install()
+  installed = _snapshot()
+  assert GlobalDeviceArray in installed["pytype_aval_mappings"]
+  assert GlobalDeviceArray in installed["shard_arg_handlers"]
+  assert installed["global_result_handlers"][core.ShapedArray] is not (
+      before["global_result_handlers"][core.ShapedArray])
+  jax_sharding_ext.install()  # idempotent
+  _assert_same(installed, _snapshot())
+  jax_sharding_ext.uninstall()
+  _assert_same(before, _snapshot())
+  jax_sharding_ext.uninstall()  # idempotent too
+  _assert_same(before, _snapshot())
+
+
+def test_uninstalled_gda_is_rejected_like_any_unknown_type(mesh_2d, fresh_registry):
+  data = np.arange(16.0).reshape(8, 2)
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x"), lambda i: data[i])
+  f = jax.jit(lambda x: x + 1)
+  np.testing.assert_array_equal(f(gda), data + 1)
+  jax_sharding_ext.uninstall()
+  # Stock JAX's error for an unregistered type that has `__jax_array__`.
+  with pytest.raises((TypeError, ValueError), match="__jax_array__|not a valid JAX type"):
+    f(gda)
+  jax_sharding_ext.install()
+  np.testing.assert_array_equal(f(gda), data + 1)
+
+
+def test_uninstall_refuses_to_clobber_a_foreign_entry(fresh_registry):
+  mine = pxla.shard_arg_handlers[GlobalDeviceArray]
+  pxla.shard_arg_handlers[GlobalDeviceArray] = foreign = lambda *a: None
+  try:
+    with pytest.raises(RuntimeError, match="replaced by someone else"):
+      jax_sharding_ext.uninstall()
+  finally:
+    pxla.shard_arg_handlers[GlobalDeviceArray] = mine
+  jax_sharding_ext.uninstall()
+  assert GlobalDeviceArray not in pxla.shard_arg_handlers
+  assert foreign is not mine
+
+
+def test_import_initialises_no_backend():
+  code = textwrap.dedent("""
+      import jax_sharding_ext
+      from jax._src import xla_bridge
+      assert jax_sharding_ext.is_installed()
+      print(sorted(xla_bridge._backends))
+  """)
+  res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert res.returncode == 0, res.stderr
+  assert res.stdout.strip() == "[]"
