@@ -10,13 +10,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax_sharding_ext as jse  # noqa: E402  (registers the handlers)
-from jax_sharding_ext import GlobalDeviceArray, Mesh  # noqa: E402
-from jax_sharding_ext import PartitionSpec as P  # noqa: E402
+import jax_sharding_ext as jse
+from jax_sharding_ext import GlobalDeviceArray, Mesh
+from jax_sharding_ext import PartitionSpec as P
 
 
 def main():

@@ -323,7 +323,7 @@ class GlobalDeviceArray:
     if isinstance(arrays, Sequence) and len(arrays) == len(devices):
       by_device = {}
       for a in arrays:
-        if isinstance(a, jax.Array) and len(getattr(a, "sharding").device_set) == 1:
+        if isinstance(a, jax.Array) and len(a.sharding.device_set) == 1:
           by_device.setdefault(next(iter(a.sharding.device_set)), a)
       if set(by_device) == set(devices):
         arrays = [by_device[d] for d in devices]

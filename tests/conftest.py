@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
-import jax_sharding_ext  # noqa: E402, F401  (installs the handlers)
+import jax_sharding_ext  # noqa: E402  (installs the handlers)
 
 
 @pytest.fixture(scope="session")

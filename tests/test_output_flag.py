@@ -16,7 +16,8 @@ import jax_sharding_ext
 from jax_sharding_ext import GlobalDeviceArray, parallel_functions_output_gda
 
 
-def _gda(mesh, spec=P("x", "y")):
+def _gda(mesh, spec=None):
+  spec = P("x", "y") if spec is None else spec
   data = np.arange(64, dtype=np.float32).reshape(8, 8)
   return GlobalDeviceArray.from_callback((8, 8), mesh, spec, lambda i: data[i]), data
 

@@ -25,7 +25,7 @@ def test_seed_example_indices(mesh_2d):
 
 def test_unpartitioned_dims_are_slice_none(mesh_2d):
   idx = get_shard_indices((8, 6), mesh_2d, ["x"])
-  for d, (i0, i1) in idx.items():
+  for _d, (i0, i1) in idx.items():
     assert i1 == slice(None)
     assert i0.start is not None and i0.stop - i0.start == 2
   assert get_shard_shape((8, 6), mesh_2d, ["x"]) == (2, 6)
