@@ -42,6 +42,7 @@ def to_host(gda, dtype=None) -> np.ndarray:
     raise RuntimeError(
         f"Cannot convert {gda} to numpy: it spans devices of other processes "
         "(it is not fully addressable). Use "
-        "`jax_sharding_ext.process_allgather(gda)` to gather the global value "
-        "on every process, or read `gda.local_shards`.")
+        "`jax.experimental.multihost_utils.process_allgather(gda.to_jax_array(), "
+        "tiled=True)` to gather the global value on every process, or read "
+        "`gda.local_shards`.")
   return np.asarray(arr, dtype=dtype)
