@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import threading
 
-from jax_sharding_ext import _compat, _gda, _output
+import jax
+
+from jax_sharding_ext import _compat, _effects, _gda, _output
 
 _lock = threading.RLock()
 _edits: list | None = None
@@ -47,6 +49,8 @@ def _build_edits() -> list:
                         _gda._gda_constant_handler),
       _ResultHandlerEdit("global_result_handlers", _compat.global_result_handlers,
                          _compat.ShapedArray, _output.result_handler),
+      _compat.DispatchNodeEdit(GDA),
+      *_effects.table_edits(),
   ]
 
 
@@ -56,6 +60,7 @@ def install() -> None:
   with _lock:
     if _installed:
       return
+    reinstall = _edits is not None
     if _edits is None:
       _edits = _build_edits()
     done = []
@@ -68,6 +73,8 @@ def install() -> None:
         edit.revert()
       raise
     _installed = True
+    if reinstall:
+      _drop_cached_executables()
 
 
 def uninstall() -> None:
@@ -79,6 +86,15 @@ def uninstall() -> None:
     for edit in reversed(_edits):
       edit.revert()
     _installed = False
+    _drop_cached_executables()
+
+
+def _drop_cached_executables() -> None:
+  # A compiled executable keeps the result handlers it was built with, so one
+  # compiled while installed would keep returning GDAs after `uninstall()`
+  # (and the reverse after a re-install). The first install needs no clearing:
+  # nothing was compiled with this package's handlers yet.
+  jax.clear_caches()
 
 
 def is_installed() -> bool:
