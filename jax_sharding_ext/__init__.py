@@ -11,12 +11,21 @@ they are not part of the public API.
 from jax.sharding import Mesh as Mesh
 from jax.sharding import PartitionSpec as PartitionSpec
 
+from jax_sharding_ext._donation import donation_vector as donation_vector
+from jax_sharding_ext._donation import rebase_donate_argnums as rebase_donate_argnums
+from jax_sharding_ext._effects import declare_effect as declare_effect
+from jax_sharding_ext._effects import effects_barrier as effects_barrier
+from jax_sharding_ext._effects import mark_shardable as mark_shardable
+from jax_sharding_ext._effects import sharded_callback as sharded_callback
 from jax_sharding_ext._gda import FROM_GDA as FROM_GDA
 from jax_sharding_ext._gda import GlobalDeviceArray as GlobalDeviceArray
 from jax_sharding_ext._gda import Shard as Shard
+from jax_sharding_ext._ledger import TransferRecord as TransferRecord
+from jax_sharding_ext._ledger import transfer_ledger as transfer_ledger
 from jax_sharding_ext._output import (
   parallel_functions_output_gda as parallel_functions_output_gda,
 )
+from jax_sharding_ext._pjit import pjit as pjit
 from jax_sharding_ext._registry import install as install
 from jax_sharding_ext._registry import is_installed as is_installed
 from jax_sharding_ext._registry import uninstall as uninstall
@@ -34,12 +43,21 @@ __all__ = [
   "Mesh",
   "PartitionSpec",
   "Shard",
+  "TransferRecord",
+  "declare_effect",
+  "donation_vector",
+  "effects_barrier",
   "get_shard_indices",
   "get_shard_indices_replica_ids",
   "get_shard_shape",
   "install",
   "is_installed",
+  "mark_shardable",
   "parallel_functions_output_gda",
+  "pjit",
+  "rebase_donate_argnums",
+  "sharded_callback",
+  "transfer_ledger",
   "uninstall",
 ]
 

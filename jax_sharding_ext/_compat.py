@@ -305,3 +305,659 @@ def process_index() -> int:
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations",)]
 del _xc  # imported only to fail early if the module moved
+
+
+# --- transfer guards ---
+# ---------------------------------------------------------------------------
+# What `_transfer.py` needs to apply JAX's transfer guard to GDA transfers.
+#
+# * Guard levels: since jax 0.4.1 (transfer guards, jaxlib `transfer_guard_lib`,
+#   renamed `guard_lib` in jaxlib 0.4.36) the effective level of a direction is
+#   `guard_lib.thread_local_state().<direction>`, falling back to
+#   `guard_lib.global_state().<direction>`, falling back to ALLOW. That is what
+#   jaxlib's C++ `GetTransferGuardAction*` reads, and what `jax.transfer_guard*`
+#   (thread-local hook) and `jax.config.update("jax_transfer_guard*", ...)` /
+#   the `--jax_transfer_guard*` flags (global hook) write, so reading it here
+#   gives a GDA exactly the level a `jax.Array` gets, thread semantics
+#   included (jaxlib's thread-local state is a C++ `thread_local`, so a new
+#   thread starts empty and sees the global option). No public getter exists:
+#   `jax.config.jax_transfer_guard` is set-only by design.
+# * Suspending jaxlib's own guard for the duration of a GDA transfer that
+#   `_transfer.py` already judged: jaxlib would otherwise judge the inner steps
+#   again with its own classification (on CPU a reshard of a sharded array is
+#   fetched through the host and judged "host_to_device"; `from_callback`
+#   placement is not inside `explicit_device_put_scope`, so jaxlib judges it
+#   implicit) and log it a second time.
+# * Same-placement test: `array._sharding_indices_and_eq` (with the
+#   `_fallback_check_via_indices` fallback) is how `_array_shard_arg` (jax
+#   0.4.31+) decides whether an argument moves; reusing it keeps "is this a
+#   transfer" identical to stock.
+# * `ArrayCopySemantics` (jax 0.4.36, 0bb30f0777): jaxlib guards every copy
+#   that is not `REUSE_INPUT`, even onto the same devices.
+# ---------------------------------------------------------------------------
+
+from jax._src.lib import xla_client as _tg_xc  # noqa: E402
+
+ArrayCopySemantics = _tg_xc.ArrayCopySemantics
+REUSE_INPUT = ArrayCopySemantics.REUSE_INPUT
+ALWAYS_COPY = ArrayCopySemantics.ALWAYS_COPY
+
+TRANSFER_DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
+"""The three directions jaxlib's guard state has, in canonical order."""
+
+_TG = _guard_lib.TransferGuardLevel
+_TG_ALLOW = _TG.ALLOW
+_TG_LEVEL_NAMES = {
+    _TG.ALLOW: "allow",
+    _TG.LOG: "log",
+    _TG.DISALLOW: "disallow",
+    _TG.LOG_EXPLICIT: "log_explicit",
+    _TG.DISALLOW_EXPLICIT: "disallow_explicit",
+}
+_tg_thread_state = _guard_lib.thread_local_state
+_tg_global_state = _guard_lib.global_state
+
+
+def transfer_guard_level(direction: str) -> str:
+  """The effective guard level of `direction` on this thread, as JAX's name.
+
+  `direction` is one of `TRANSFER_DIRECTIONS`. Thread-local (context manager)
+  level first, then the global option, then "allow", as jaxlib does.
+  """
+  level = getattr(_tg_thread_state(), direction)
+  if level is None:
+    level = getattr(_tg_global_state(), direction)
+    if level is None:
+      return "allow"
+  return _TG_LEVEL_NAMES[level]
+
+
+def suspend_transfer_guards() -> tuple:
+  """Set this thread's guard levels to ALLOW; return what to restore."""
+  state = _tg_thread_state()
+  saved = (state.host_to_device, state.device_to_device, state.device_to_host)
+  state.host_to_device = state.device_to_device = state.device_to_host = _TG_ALLOW
+  return saved
+
+
+def restore_transfer_guards(saved: tuple) -> None:
+  """Undo `suspend_transfer_guards` (restores None = "not set" too)."""
+  state = _tg_thread_state()
+  state.host_to_device, state.device_to_device, state.device_to_host = saved
+
+
+def sharding_platform(sharding) -> str:
+  """The platform of a sharding's devices ("cpu", "gpu", "tpu", ...).
+
+  `Sharding._internal_device_list` (jax 0.4.20+) is a cached C++ `DeviceList`;
+  indexing it is about twice as fast as the public `device_set`.
+  """
+  return sharding._internal_device_list[0].platform
+
+
+def same_shard_placement(src_sharding, dst_sharding, shape) -> bool:
+  """True when `_array_shard_arg` hands the buffers over without copying.
+
+  Its own test (`_sharding_indices_and_eq`) only compares the HLO shardings,
+  which name devices by position; the buffers then go to
+  `batched_copy_array_to_devices_with_sharding` with the destination's device
+  list, which copies them when the device order differs (and jaxlib guards
+  that as device_to_device). So the device lists are compared too.
+  """
+  if src_sharding._internal_device_list != dst_sharding._internal_device_list:
+    return False
+  try:
+    return bool(_array._sharding_indices_and_eq(src_sharding, dst_sharding, len(shape)))
+  except NotImplementedError:
+    return bool(_array._fallback_check_via_indices(src_sharding, dst_sharding, tuple(shape)))
+
+
+__all__ += ["ArrayCopySemantics", "REUSE_INPUT", "ALWAYS_COPY", "TRANSFER_DIRECTIONS",
+            "transfer_guard_level", "suspend_transfer_guards", "restore_transfer_guards",
+            "sharding_platform", "same_shard_placement"]
+
+
+# ---------------------------------------------------------------------------
+# --- effects ---
+#
+# Shardable ordered effects (`_effects.py`). The effect-type sets live in
+# `jax._src.effects` (`EffectTypeSet`, whose only state is `_effect_types`);
+# `partial_eval_kept_effects` exists since 2025-06 (jax 0.7), so it is looked
+# up by name. The debug primitives, their platform lowering tables
+# (`mlir._platform_specific_lowerings`, keyed platform -> primitive ->
+# `LoweringRuleEntry(rule, inline)`), `callback.emit_python_callback` and
+# `callback._callback_op_sharding` have the same shape in jax 0.10.2 and
+# 0.12.x. There is no public API for any of this: JAX only declares its own
+# `OrderedIOEffect` shardable (seed 002, jax 0.4.17).
+# ---------------------------------------------------------------------------
+
+import numpy as _fx_np  # noqa: E402
+from jax._src import callback as _fx_callback  # noqa: E402
+from jax._src import debugging as _fx_debugging  # noqa: E402
+from jax._src import dispatch as _fx_dispatch  # noqa: E402
+from jax._src import effects as _fx_effects  # noqa: E402
+from jax._src import sharding_impls as _fx_sharding_impls  # noqa: E402
+from jax._src.interpreters import mlir as _fx_mlir  # noqa: E402
+from jax._src.lib import xla_client as _fx_xc  # noqa: E402
+from jax._src.lib.mlir import ir as _fx_ir  # noqa: E402
+from jax._src.lib.mlir.dialects import func as _fx_func  # noqa: E402
+from jax._src.lib.mlir.dialects import sdy as _fx_sdy  # noqa: E402
+
+Effect = _fx_effects.Effect
+"""Base class of every JAX effect (also public as `jax.extend.core.Effect`)."""
+
+EFFECT_TYPE_SET_NAMES = (
+    "ordered_effects", "shardable_ordered_effects", "lowerable_effects",
+    "control_flow_allowed_effects", "custom_derivatives_allowed_effects",
+    "remat_allowed_effects", "partial_eval_kept_effects")
+"""The `EffectTypeSet`s of `jax._src.effects` an effect type can join."""
+
+HAS_PARTIAL_EVAL_KEPT_EFFECTS = hasattr(_fx_effects, "partial_eval_kept_effects")
+"""`effects.partial_eval_kept_effects` (2025-06, jax 0.7+): keeps effectful
+equations through partial evaluation / DCE. True on both supported releases."""
+
+
+def effect_type_set(name: str) -> Any:
+  """The `EffectTypeSet` called `name`, or None if this JAX has no such set."""
+  return getattr(_fx_effects, name, None)
+
+
+def effect_types_in(name: str) -> frozenset[type]:
+  """A snapshot of the types in the effect-type set `name` (empty if absent)."""
+  s = effect_type_set(name)
+  return frozenset(s._effect_types) if s is not None else frozenset()
+
+
+def is_ordered_effect(effect: Any) -> bool:
+  return _fx_effects.ordered_effects.contains(effect)
+
+
+class EffectTypeSetEdit:
+  """Add `effect_type` to JAX's effect-type set `set_name`; undo removes it.
+
+  `EffectTypeSet` only has `add_type`; removal edits its `_effect_types` set
+  (the same in every JAX since the sets were introduced). A type that was
+  already a member is left alone both ways, so stock memberships survive
+  `uninstall()`.
+  """
+
+  def __init__(self, set_name: str, effect_type: type):
+    self.name = set_name
+    self.effect_type = effect_type
+    self.applied = False
+    self._added = False
+
+  def apply(self) -> None:
+    if self.applied:
+      return
+    s = effect_type_set(self.name)
+    self._added = s is not None and self.effect_type not in s._effect_types
+    if self._added:
+      s.add_type(self.effect_type)
+    self.applied = True
+
+  def revert(self) -> None:
+    if not self.applied:
+      return
+    if self._added:
+      effect_type_set(self.name)._effect_types.discard(self.effect_type)
+    self._added = False
+    self.applied = False
+
+
+class SetMemberEdit:
+  """Add `item` to the plain Python set `target`; undo removes it if we added it."""
+
+  def __init__(self, name: str, target: set, item: Any):
+    self.name = name
+    self.target = target
+    self.item = item
+    self.applied = False
+    self._added = False
+
+  def apply(self) -> None:
+    if self.applied:
+      return
+    self._added = self.item not in self.target
+    self.target.add(self.item)
+    self.applied = True
+
+  def revert(self) -> None:
+    if not self.applied:
+      return
+    if self._added:
+      self.target.discard(self.item)
+    self._added = False
+    self.applied = False
+
+
+# The debug primitives and their effects (jax/_src/debugging.py).
+debug_callback_p = _fx_debugging.debug_callback_p
+debug_print_p = _fx_debugging.debug_print_p  # its own primitive since jax 0.7
+OrderedDebugEffect = _fx_debugging.OrderedDebugEffect
+ordered_debug_effect = _fx_debugging.ordered_debug_effect
+debug_effect = _fx_debugging.debug_effect
+
+uncacheable_primitives: set = _fx_mlir._uncacheable_primitives
+"""Primitives lowered inline at each use (`mlir.register_lowering(cacheable=False)`).
+`debug_callback_p` is in it (TPU channel ids); `sharded_callback` relies on
+inline lowering to see its operand's producer."""
+
+prim_requires_devices_during_lowering: set = _fx_dispatch.prim_requires_devices_during_lowering
+"""Primitives whose lowering needs the concrete device assignment (io_callback_p)."""
+
+
+class LoweringEdit:
+  """Wrap the lowering rule of `prim` on `platform` (None: the default rule).
+
+  `make_rule(prev_rule)` builds the new rule around the rule that was there;
+  `revert()` puts back the previous `LoweringRuleEntry` object itself. This
+  edits the table `mlir._get_lowering_rules` reads, the same table
+  `mlir.register_lowering` writes.
+  """
+
+  def __init__(self, prim: Any, platform: str | None, make_rule: Callable[[Any], Any]):
+    self.prim = prim
+    self.platform = platform
+    self.make_rule = make_rule
+    self.name = f"mlir lowering[{platform or 'default'}]"
+    self.applied = False
+    self._prev: Any = _MISSING
+    self._entry: Any = None
+
+  def _table(self) -> dict:
+    if self.platform is None:
+      return _fx_mlir._lowerings
+    return _fx_mlir._platform_specific_lowerings[self.platform]
+
+  def apply(self) -> None:
+    if self.applied:
+      return
+    table = self._table()
+    prev = table.get(self.prim, _MISSING)
+    if prev is _MISSING:  # nothing to wrap on this platform
+      self._prev, self._entry = _MISSING, None
+    else:
+      self._prev = prev
+      self._entry = _fx_mlir.LoweringRuleEntry(self.make_rule(prev.rule), prev.inline)
+      table[self.prim] = self._entry
+    self.applied = True
+
+  def revert(self) -> None:
+    if not self.applied:
+      return
+    if self._entry is not None:
+      table = self._table()
+      if table.get(self.prim, _MISSING) is not self._entry:
+        raise RuntimeError(
+            f"Cannot uninstall jax_sharding_ext: the {self.name} rule of "
+            f"`{self.prim}` was replaced by someone else after jax_sharding_ext "
+            "installed it. Uninstall the other extension first.")
+      table[self.prim] = self._prev
+    self._prev, self._entry = _MISSING, None
+    self.applied = False
+
+
+def lowering_platforms(prim: Any) -> list[str | None]:
+  """Platforms (None = default rule) that have a lowering rule for `prim`."""
+  out: list[str | None] = [None] if prim in _fx_mlir._lowerings else []
+  out += sorted(p for p, t in _fx_mlir._platform_specific_lowerings.items() if prim in t)
+  return out
+
+
+def axis_context_kind(ctx) -> str:
+  """Classify a lowering context.
+
+  "auto": `jit` over several devices (bulk-array semantics);
+  "single": `jit` on one device; "manual": inside `shard_map` with every mesh
+  axis manual (per-device semantics); "partial": `shard_map` with some axes
+  left automatic; "other": anything else (pmap's replica context).
+  """
+  ac = ctx.module_context.axis_context
+  if isinstance(ac, _fx_sharding_impls.ShardingContext):
+    return "auto" if ac.num_devices > 1 else "single"
+  if isinstance(ac, _fx_sharding_impls.SPMDAxisContext):
+    if frozenset(ac.manual_axes) == frozenset(ac.mesh.axis_names):
+      return "manual"
+    return "partial"
+  return "other"
+
+
+def lowering_device_assignment(ctx) -> tuple | None:
+  """The devices of a `jit` being lowered (None when lowered without them)."""
+  ac = ctx.module_context.axis_context
+  return getattr(ac, "device_assignment", None)
+
+
+def callback_op_sharding(ctx) -> Any:
+  """The op sharding stock `io_callback` gives its custom call in `ctx`.
+
+  Under multi-device `jit`: MAXIMAL on logical device 0 (runs once, on the
+  global value). Inside a fully manual `shard_map`: MANUAL (runs on every
+  device, on its local value). Shardy or GSPMD form, following
+  `jax_use_shardy_partitioner`.
+  """
+  return _fx_callback._callback_op_sharding(
+      ctx.module_context.axis_context, None, ctx.avals_out)
+
+
+def emit_ordered_callback(ctx, callback: Callable[..., Any], args: Sequence[Any],
+                          effect: Any, *, sharding: Any, partitioned: bool = False):
+  """Emit a side-effecting host callback threaded on `effect`'s token.
+
+  What `io_callback(ordered=True)` emits (`callback.io_callback_lowering`):
+  the token of `effect` goes in, the new one comes out and replaces it in
+  `ctx`'s token set, and `sharding` annotates the custom call.
+  """
+  token = ctx.tokens_in.get(effect)
+  result, token, _ = _fx_callback.emit_python_callback(
+      ctx, callback, token, list(args), ctx.avals_in, ctx.avals_out,
+      has_side_effect=True, returns_token=True, partitioned=partitioned,
+      sharding=sharding)
+  ctx.set_tokens_out(ctx.tokens_in.update_tokens(_fx_mlir.TokenSet({effect: token})))
+  return result
+
+
+def lower_fun_multiple_results(fun: Callable[..., Any]) -> Callable[..., Any]:
+  """`mlir.lower_fun(fun, multiple_results=True)`: lower a traced function inline."""
+  return _fx_mlir.lower_fun(fun, multiple_results=True)
+
+
+def _sdy_mesh_and_spec(attr, device_assignment):
+  ts = _fx_sdy.TensorShardingAttr(attr)
+  mesh_attr = ts.mesh_or_ref
+  if not _fx_sdy.MeshAttr.isinstance(mesh_attr):
+    return None  # a symbol reference: meshes are only inlined while lowering
+  mesh_attr = _fx_sdy.MeshAttr(mesh_attr)
+  axes = [_fx_sdy.MeshAxisAttr(a) for a in mesh_attr.axes]
+  if not axes:
+    return None  # maximal sharding: one device holds the value
+  sizes = [a.size for a in axes]
+  ids = list(mesh_attr.device_ids) or list(range(int(_fx_np.prod(sizes))))
+  if len(ids) != len(device_assignment):
+    return None
+  devices = _fx_np.array([device_assignment[i] for i in ids], dtype=object).reshape(sizes)
+  spec = []
+  for dim in ts.dimension_shardings:
+    refs = [_fx_sdy.AxisRefAttr(r) for r in _fx_sdy.DimensionShardingAttr(dim).axes]
+    if any(r.sub_axis_info is not None for r in refs):
+      return None  # split axes ("x":(1)2) have no PartitionSpec equivalent
+    names = tuple(r.name for r in refs)
+    spec.append(None if not names else names[0] if len(names) == 1 else names)
+  return devices, tuple(a.name for a in axes), tuple(spec)
+
+
+def _hlo_mesh_and_spec(attr, device_assignment):
+  try:
+    hs = _fx_xc.HloSharding.from_string(_fx_ir.StringAttr(attr).value)
+  except Exception:  # a proto-encoded or unparsable sharding: give up
+    return None
+  n = len(device_assignment)
+  if hs.is_replicated():
+    return _fx_np.array(device_assignment, dtype=object), ("_jse_r",), ()
+  if not hs.is_tiled() or hs.subgroup_types() or hs.num_devices() != n:
+    return None
+  dims = list(hs.tile_assignment_dimensions())
+  ids = list(hs.tile_assignment_devices())
+  devices = _fx_np.array([device_assignment[i] for i in ids], dtype=object).reshape(dims)
+  names = tuple(f"_jse_{i}" for i in range(len(dims)))
+  ndim = len(dims) - (1 if hs.replicate_on_last_tile_dim() else 0)
+  spec = tuple(names[i] if dims[i] > 1 else None for i in range(ndim))
+  return devices, names, spec
+
+
+def operand_sharding(ctx, value) -> tuple[Any, tuple[str, ...], tuple] | None:
+  """The sharding a lowered operand is known to have, as (devices, names, spec).
+
+  Known means written in the IR at this point of lowering: a `jit` argument
+  (the `sdy.sharding` / `mhlo.sharding` attribute of a `func.func` argument)
+  or the result of `with_sharding_constraint` (`sdy.sharding_constraint`, or
+  the GSPMD `@Sharding` custom call). `devices` is an object array shaped
+  like the mesh, `spec` a PartitionSpec tuple over `names`. None otherwise
+  (an intermediate value: XLA decides its sharding later).
+  """
+  da = lowering_device_assignment(ctx)
+  if da is None:
+    return None
+  attr = None
+  if isinstance(value, _fx_ir.BlockArgument):
+    owner = value.owner.owner
+    if isinstance(owner, _fx_func.FuncOp) and owner.arg_attrs is not None:
+      arg_attrs = _fx_ir.DictAttr(owner.arg_attrs[value.arg_number])
+      for key in ("sdy.sharding", "mhlo.sharding"):
+        if key in arg_attrs:
+          attr = arg_attrs[key]
+          break
+  elif isinstance(value, _fx_ir.OpResult):
+    op = value.owner
+    if op.name == "sdy.sharding_constraint":
+      attr = op.attributes["sharding"]
+    elif (op.name == "stablehlo.custom_call" and "mhlo.sharding" in op.attributes
+          and _fx_ir.StringAttr(op.attributes["call_target_name"]).value == "Sharding"):
+      attr = op.attributes["mhlo.sharding"]
+  if attr is None:
+    return None
+  if _fx_sdy.TensorShardingAttr.isinstance(attr):
+    return _sdy_mesh_and_spec(attr, da)
+  if _fx_ir.StringAttr.isinstance(attr):
+    return _hlo_mesh_and_spec(attr, da)
+  return None
+
+
+RuntimeTokenSet: type = type(_fx_dispatch.runtime_tokens)
+"""`dispatch.RuntimeTokenSet`: a `threading.local` holding, per thread, the
+tokens of the last dispatched computation (`current_tokens` per ordered
+effect, `output_runtime_tokens` per device). `jax.effects_barrier()` blocks on
+the calling thread's only."""
+
+
+def get_runtime_tokens() -> Any:
+  return _fx_dispatch.runtime_tokens
+
+
+def set_runtime_tokens(tokens: Any) -> None:
+  """Swap the object dispatch reads as `dispatch.runtime_tokens`.
+
+  `pxla` and `jax.effects_barrier` look it up as a module attribute at every
+  call (jax 0.10.2 and 0.12.x), so a swap takes effect at once.
+  """
+  _fx_dispatch.runtime_tokens = tokens
+
+
+__all__ += ["Effect", "EFFECT_TYPE_SET_NAMES", "HAS_PARTIAL_EVAL_KEPT_EFFECTS",
+            "effect_type_set", "effect_types_in", "is_ordered_effect", "EffectTypeSetEdit",
+            "SetMemberEdit", "debug_callback_p", "debug_print_p", "OrderedDebugEffect",
+            "ordered_debug_effect", "debug_effect", "uncacheable_primitives",
+            "prim_requires_devices_during_lowering", "LoweringEdit", "lowering_platforms",
+            "axis_context_kind", "lowering_device_assignment", "callback_op_sharding",
+            "emit_ordered_callback", "lower_fun_multiple_results", "operand_sharding",
+            "RuntimeTokenSet", "get_runtime_tokens", "set_runtime_tokens"]
+
+
+# --- donation and pjit ---
+# ---------------------------------------------------------------------------
+# Which arguments of the running call are donated (`jax.jit(...,
+# donate_argnums=...)`, `donate_argnames`, legacy `pjit(donate_argnums=...)`).
+#
+# jax 0.10.2 and 0.12.x hand *every* jit argument to `shard_arg_handlers` with
+# `ArrayCopySemantics.REUSE_INPUT` (`pxla.InputsHandler`), donated or not: the
+# donation itself is applied afterwards by PjRt inside `execute_sharded`. So a
+# handler cannot tell from its `copy_semantics` that an argument is donated,
+# and PjRt's check for `f(donate(a), a)` ("Attempt to use a buffer that was
+# previously donated in the same call") fails on some partitions and then
+# crashes the process (measured: SIGSEGV with 8 CPU devices, jax 0.10.2).
+#
+# The donation vector of the running call is a local of the Python frames that
+# dispatch it, which are always on the stack when a GDA is sharded (a GDA is
+# not a `jax.Array`, so jit's C++ fast path hands every call to Python):
+# * `pjit._pjit_call_impl_python(*args, donated_invars=...)` (top-level
+#   `jax.jit` calls) and `pjit._pjit_call_impl` (`jit_p.bind`, e.g. under
+#   `jax.debug_key_reuse`): `args` and `donated_invars` align one to one;
+#   `pjit._run_python_pjit`'s `p.arg_names` names the non-constant ones.
+# * `stages.Compiled.__call__` (AOT `jit(f).lower(...).compile()(...)`): the
+#   public `Compiled.donate_argnums` (flat indices) over the flattened
+#   `(args, kwargs)`.
+# No public API exposes this; a JAX that renames these functions makes
+# `HAS_CALL_DONATION_INFO` False and the check is skipped (stock behaviour).
+#
+# The mesh of `with mesh:` (legacy pjit): `Mesh.__enter__` pushes onto
+# `mesh.thread_resources` (deprecated public alias
+# `jax.interpreters.pxla.thread_resources`, which warns); `jax.set_mesh`
+# sets `mesh.get_concrete_mesh()` (public `jax.sharding.get_mesh()`, which
+# refuses to run under a trace, hence the internal spelling).
+# ---------------------------------------------------------------------------
+
+import sys as _dn_sys  # noqa: E402
+
+import jax.stages as _dn_stages  # noqa: E402
+from jax._src import mesh as _dn_mesh  # noqa: E402
+from jax._src import pjit as _dn_pjit  # noqa: E402
+
+
+def _dn_code(owner: Any, name: str) -> Any:
+  return getattr(getattr(owner, name, None), "__code__", None)
+
+
+_DN_JIT_IMPL_CODES = frozenset(
+    c for c in (_dn_code(_dn_pjit, "_pjit_call_impl_python"),
+                _dn_code(_dn_pjit, "_pjit_call_impl")) if c is not None)
+_DN_RUN_PYTHON_PJIT_CODE = _dn_code(_dn_pjit, "_run_python_pjit")
+_DN_COMPILED_CALL_CODE = _dn_code(getattr(_dn_stages, "Compiled", None), "__call__")
+
+HAS_CALL_DONATION_INFO = bool(_DN_JIT_IMPL_CODES)
+"""True when the jit dispatch frames that carry the donation vector were found."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallDonation:
+  """The flat arguments of the running jit call and which of them are donated."""
+
+  args: tuple
+  donated: tuple
+  names: tuple | None  # one per entry of `args` ('' when unknown), or None
+
+
+def _dn_arg_names(frame: Any, n_args: int) -> tuple | None:
+  for _ in range(4):
+    frame = frame.f_back
+    if frame is None:
+      return None
+    if frame.f_code is _DN_RUN_PYTHON_PJIT_CODE:
+      names = getattr(frame.f_locals.get("p"), "arg_names", None)
+      if names is None or len(names) > n_args:
+        return None
+      return ("",) * (n_args - len(names)) + tuple(names)  # constants come first
+  return None
+
+
+def current_call_donation(max_depth: int = 24) -> CallDonation | None:
+  """Donation info of the jit call being dispatched on this thread, or None.
+
+  Meant to be called from inside a `shard_arg_handlers` entry.
+  """
+  frame = _dn_sys._getframe(1)
+  for _ in range(max_depth):
+    if frame is None:
+      return None
+    code = frame.f_code
+    if code in _DN_JIT_IMPL_CODES:
+      loc = frame.f_locals
+      args, donated = loc.get("args"), loc.get("donated_invars")
+      if args is None or donated is None or len(args) != len(donated):
+        return None
+      return CallDonation(tuple(args), tuple(donated), _dn_arg_names(frame, len(args)))
+    if code is _DN_COMPILED_CALL_CODE:
+      loc = frame.f_locals
+      compiled = loc.get("self")
+      args = jax.tree_util.tree_leaves((loc.get("args", ()), loc.get("kwargs", {})))
+      try:
+        donate = set(compiled.donate_argnums)
+      except Exception:  # pragma: no cover - a Compiled without args_info
+        return None
+      return CallDonation(tuple(args), tuple(i in donate for i in range(len(args))), None)
+    frame = frame.f_back
+  return None
+
+
+def context_mesh() -> Any:
+  """The mesh of the innermost `with mesh:` on this thread, else `jax.set_mesh`'s.
+
+  Returns None when neither is active.
+  """
+  mesh = _dn_mesh.thread_resources.env.physical_mesh
+  if not mesh.empty:
+    return mesh
+  mesh = _dn_mesh.get_concrete_mesh()
+  return None if mesh is None or mesh.empty else mesh
+
+
+__all__ += ["HAS_CALL_DONATION_INFO", "CallDonation", "current_call_donation", "context_mesh"]
+
+
+# --- dispatch ---------------------------------------------------------------
+# jit's C++ fast path (`PjitFunction`) accepts only `ArrayImpl`, numpy arrays
+# and scalars as leaves; any other type drops every call to the Python
+# `cache_miss` path (about 10x slower on one device). Its one extension point
+# is `tree_util.dispatch_registry`, the pytree registry the C++ path flattens
+# arguments (and re-flattens outputs) with, and nothing else does; JAX's own
+# PRNG key arrays and `EArray` use it the same way. A type registered there as
+# a dataclass node with data field `_arr` reaches the fast path as that
+# `ArrayImpl`, while `jax.tree_util`, tracing and the extension tables still
+# see it as a leaf. Present in jax 0.10.2 and 0.12.x; when missing, dispatch
+# stays correct but takes the slow path.
+# The registry has no unregister; `DispatchNodeEdit.revert` instead changes the
+# node's static field, so cached C++ signatures stop matching and calls fall
+# back to the Python path (where an uninstalled type is rejected).
+
+try:
+  from jax._src import tree_util as _tree_util
+  _dispatch_registry = getattr(_tree_util, "dispatch_registry", None)
+except ImportError:  # pragma: no cover
+  _dispatch_registry = None
+
+HAS_DISPATCH_REGISTRY = _dispatch_registry is not None
+_dispatch_registered: set[type] = set()
+
+
+class DispatchOff:
+  """Static field value of a dispatch node while the package is uninstalled."""
+
+  __slots__ = ()
+
+  def __repr__(self):
+    return "<jax_sharding_ext uninstalled>"
+
+
+DISPATCH_OFF = DispatchOff()
+
+
+class DispatchNodeEdit:
+  """Let jit's C++ fast path unpack `typ` to its `_arr` (see above)."""
+
+  name = "tree_util.dispatch_registry"
+
+  def __init__(self, typ: type):
+    self.typ = typ
+    self.applied = False
+
+  def apply(self) -> None:
+    if self.applied or not HAS_DISPATCH_REGISTRY:
+      return
+    if self.typ not in _dispatch_registered:
+      _dispatch_registry.register_dataclass_node(self.typ, ["_arr"], ["_dispatch_key"])
+      _dispatch_registered.add(self.typ)
+    self.typ._dispatch_key = None
+    self.applied = True
+
+  def revert(self) -> None:
+    if self.applied:
+      self.typ._dispatch_key = DISPATCH_OFF
+      self.applied = False
+
+
+def dispatch_flatten(x: Any) -> tuple[list[Any], Any]:
+  """Flatten `x` as jit's C++ dispatch does (for tests and benchmarks)."""
+  return _dispatch_registry.flatten(x)
+
+
+__all__ += ["HAS_DISPATCH_REGISTRY", "DISPATCH_OFF", "DispatchNodeEdit", "dispatch_flatten"]

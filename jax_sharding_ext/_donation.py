@@ -1,0 +1,195 @@
+"""Buffer donation for `GlobalDeviceArray` (seed `004_*`, `donate_argnums`).
+
+A GDA is a view over one `jax.Array`, and `jax.jit` hands that array's buffers
+to the executable through `shard_arg_handlers` (`_transfer.shard_args`). A
+donated argument is donated by PjRt when the executable runs, exactly as for
+a `jax.Array`: XLA writes an output into the donated buffers where it can
+alias them, and afterwards the wrapped array is deleted, so
+`gda.is_deleted()` is true and every later use of the GDA (`local_data`,
+`local_shards`, `np.asarray`, `to_jax_array`, passing it to `jit`) raises
+`RuntimeError` from `GlobalDeviceArray._checked_array`.
+
+What stock JAX does not do, and this module adds, is refuse a call that
+donates an array that the same call also reads through another argument
+(`f(donate(x), x)`, the same GDA twice in a pytree, a GDA next to its own
+`to_jax_array()`): PjRt notices that only per partition, while it runs, and
+with several devices the process then crashes. `check_donated_args` runs in
+the GDA `shard_arg_handlers` entry, after compilation but before anything is
+executed or donated, reads which arguments of the running call are donated
+(`_compat.current_call_donation`; the handler's own `copy_semantics` are
+`REUSE_INPUT` for every jit argument, donated or not) and raises
+`RuntimeError` naming both arguments. The check covers every array argument
+of a call that involves a GDA; calls made only of `jax.Array`s never reach
+this package (stock JAX's C++ dispatch handles them).
+
+`donation_vector` and `rebase_donate_argnums` are the seed's public helpers
+for code that maps `donate_argnums` onto flattened arguments itself.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+
+from jax_sharding_ext import _compat
+
+
+def _argnums(value: Any, name: str) -> tuple[int, ...]:
+  """Normalise an int or an iterable of ints, naming `name` on bad input."""
+  if value is None:
+    return ()
+  if isinstance(value, (int,)) and not isinstance(value, bool):
+    return (value,)
+  if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+    raise TypeError(
+        f"`{name}` must be an int or a sequence of ints, got {value!r} "
+        f"({type(value).__name__}). For example `{name}=(0, 2)`.")
+  out = []
+  for v in value:
+    if isinstance(v, bool):
+      raise TypeError(f"`{name}` must contain ints, got {v!r} in {value!r}.")
+    try:
+      out.append(operator.index(v))
+    except TypeError:
+      raise TypeError(
+          f"`{name}` must contain ints, got {v!r} ({type(v).__name__}) in "
+          f"{value!r}.") from None
+  return tuple(out)
+
+
+def donation_vector(donate_argnums: int | Iterable[int], args: Sequence[Any],
+                    kwargs: dict[str, Any]) -> tuple[bool, ...]:
+  """Return one bool per leaf of `args` and `kwargs`: is that leaf donated.
+
+  Every leaf of positional argument `i` is donated when `i` is in
+  `donate_argnums`; keyword arguments are never donated (seed semantics: use
+  `jax.jit(..., donate_argnames=...)` for those). A `GlobalDeviceArray` is one
+  leaf. Negative argnums count from the end of `args`, as in `jax.jit`.
+
+  Args:
+    donate_argnums: an int or an iterable of ints, positions in `args`.
+    args: the positional arguments (pytrees).
+    kwargs: the keyword arguments (pytrees).
+
+  Returns:
+    A tuple of bools, in `jax.tree_util` flattening order of `args` then
+    `kwargs`.
+
+  Example:
+    >>> donation_vector((0,), ((x, y), z), {"w": w})
+    (True, True, False, False)
+  """
+  nums = _argnums(donate_argnums, "donate_argnums")
+  n = len(args)
+  donated = {i + n if i < 0 else i for i in nums}
+  res: list[bool] = []
+  for i, arg in enumerate(args):
+    res.extend((i in donated,) * jax.tree_util.tree_structure(arg).num_leaves)
+  res.extend((False,) * jax.tree_util.tree_structure(kwargs).num_leaves)
+  return tuple(res)
+
+
+def rebase_donate_argnums(donate_argnums: int | Iterable[int],
+                          static_argnums: int | Iterable[int]) -> tuple[int, ...]:
+  """Shift `donate_argnums` to index the arguments left after removing statics.
+
+  >>> rebase_donate_argnums((3, 4), (0, 1))
+  (1, 2)
+
+  Args:
+    donate_argnums: an int or an iterable of ints.
+    static_argnums: an int or an iterable of ints.
+
+  Returns:
+    A tuple of unique, sorted ints: each donated position minus the number of
+    static positions before it.
+
+  Raises:
+    ValueError: an argument is both static and donated.
+  """
+  donate = sorted(set(_argnums(donate_argnums, "donate_argnums")))
+  static = sorted(set(_argnums(static_argnums, "static_argnums")))
+  if any(i < 0 for i in (*donate, *static)):
+    raise ValueError(
+        "`rebase_donate_argnums` needs non-negative argnums (it does not know "
+        f"the number of arguments), got donate_argnums={donate} and "
+        f"static_argnums={static}. Normalise negative positions with "
+        "`i % num_args` first.")
+  both = sorted(set(donate) & set(static))
+  if both:
+    raise ValueError(
+        f"`static_argnums` {static} and `donate_argnums` {donate} cannot "
+        f"intersect: argument(s) {both} are both static and donated. A static "
+        "argument is a Python value baked into the compiled function, so it has "
+        "no device buffer to donate; remove it from one of the two.")
+  out = []
+  i = 0
+  for d in donate:
+    while i < len(static) and static[i] < d:
+      i += 1
+    out.append(d - i)
+  return tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# The check run by the GDA `shard_arg_handlers` entry.
+# ---------------------------------------------------------------------------
+
+
+def _arg_label(info: _compat.CallDonation, i: int) -> str:
+  name = info.names[i] if info.names is not None else ""
+  return f"`{name}` (flat argument {i})" if name else f"flat argument {i}"
+
+
+def _describe(x: Any) -> str:
+  if isinstance(x, _compat.ArrayImpl):
+    return f"jax.Array(shape={tuple(x.shape)}, dtype={x.dtype})"
+  return str(x)
+
+
+def check_donated_args(gdas: Sequence[Any]) -> None:
+  """Raise `RuntimeError` if the running call donates an array it also reads.
+
+  Called by `_transfer.shard_args` with the batch of GDA arguments, before any
+  of them is handed to the executable.
+  """
+  del gdas  # the whole call is checked, not only this batch
+  info = _compat.current_call_donation()
+  if info is None or not any(info.donated):
+    return
+  from jax_sharding_ext._gda import GlobalDeviceArray
+
+  array_t = _compat.ArrayImpl
+  positions: dict[int, list[int]] = {}
+  for i, x in enumerate(info.args):
+    t = type(x)
+    if t is GlobalDeviceArray:
+      arr = x._arr
+    elif t is array_t:
+      arr = x
+    else:
+      continue
+    positions.setdefault(id(arr), []).append(i)
+  for i, (x, donated) in enumerate(zip(info.args, info.donated, strict=True)):
+    if not donated:
+      continue
+    t = type(x)
+    if t is not GlobalDeviceArray and t is not array_t:
+      continue
+    same = positions[id(x._arr if t is GlobalDeviceArray else x)]
+    if len(same) < 2:
+      continue
+    j = same[0] if same[0] != i else same[1]
+    other = info.args[j]
+    kind = ("the same GlobalDeviceArray" if other is x else
+            "views of the same device buffers")
+    raise RuntimeError(
+        f"Cannot donate {_arg_label(info, i)}: the same call also passes it as "
+        f"{_arg_label(info, j)} ({kind}: {_describe(x)}). A donated array's "
+        "buffers are reused for the outputs, so it can be passed only once per "
+        "call. Pass a copy for one of them (e.g. `jnp.copy(x)`), or remove it "
+        "from `donate_argnums` / `donate_argnames`. Nothing was executed or "
+        "donated.")

@@ -1,0 +1,649 @@
+"""Shardable ordered effects: ordered prints and callbacks on many devices.
+
+JAX threads one token per *ordered* effect through a computation and from one
+dispatched computation to the next, so that effects of that kind happen in
+program order (see `jax/_src/effects.py`). Stock JAX refuses ordered effects
+in a computation over more than one device unless the effect type is in
+`effects.shardable_ordered_effects`; only `io_callback(ordered=True)` is.
+
+**What "shardable ordered" promises.** On every device, the effects of one
+kind happen in program order, within one call and across calls dispatched
+one after another from a thread. At one program point, the effects of
+different devices are *not* ordered among themselves: devices run
+concurrently, and XLA gives no order between them. Nor is there an order
+between effects of *different* kinds (each kind has its own token), nor
+between threads.
+
+**What this module does.** On `install()`:
+
+* `OrderedDebugEffect` (`jax.debug.print(..., ordered=True)`,
+  `jax.debug.callback(..., ordered=True)`) joins `shardable_ordered_effects`,
+  so `pxla` no longer rejects it for more than one device.
+* That alone makes XLA fail with "Side-effect HLO must have sharding": the
+  stock lowering of an *ordered* debug callback emits its host callback with
+  no sharding. So the platform lowering rules of `debug_callback_p` and
+  `debug_print_p` are wrapped (reversible edits of the table
+  `mlir.register_lowering` writes). For an ordered effect the wrapper emits
+  the callback as `io_callback(ordered=True)` does: threaded on the effect's
+  token, with the sharding `io_callback` uses. Under multi-device `jit` that
+  is MAXIMAL on the first device: the callback runs once per program point
+  and sees the global value. Inside a fully manual `shard_map` it is MANUAL:
+  the callback runs once per device with that device's local value. Every
+  other case goes to the stock rule unchanged (one device, unordered
+  callbacks, `shard_map` with some axes automatic: JAX lowers that to a
+  manual `shard_map` that reaches the wrapper again).
+* `sharded_callback(fn, x)` is a debug callback whose lowering knows the
+  sharding of `x` (given, or written in the IR for a `jit` argument or a
+  `with_sharding_constraint` result) and lowers to a `shard_map` over that
+  sharding's mesh, so `fn` runs once per shard on the device holding it,
+  threaded on the same token as ordered prints. `debug_callback_p` is added
+  to `dispatch.prim_requires_devices_during_lowering` so the lowering knows
+  the devices.
+* `declare_effect` / `mark_shardable` add user effect types to JAX's
+  effect-type sets; these memberships are undone by `uninstall()` too.
+* `dispatch.runtime_tokens` (a `threading.local`) is replaced by a subclass
+  instance that also records each thread's state, so `effects_barrier()`
+  waits for the effects dispatched by *every* thread, not only the caller's.
+
+**What it does not do.** It does not order effects across devices at one
+program point, nor effects of different types against each other. A
+partitioned ordered callback (`jax.debug.callback(..., ordered=True,
+partitioned=True)`) under multi-device `jit` raises `ValueError`: XLA aborts
+the process when a partitioned callback carries a token. Your own primitive
+with a declared shardable effect must give its side-effecting op a sharding
+in its lowering; declaring the effect only lets it past `pxla`'s check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from jax_sharding_ext import _compat
+
+_lock = threading.RLock()
+
+# ---------------------------------------------------------------------------
+# Lowering: ordered debug callbacks with a sharding XLA accepts.
+# ---------------------------------------------------------------------------
+
+
+def _debug_callback_effect(params: dict) -> Any:
+  return params["effect"]
+
+
+def _debug_print_effect(params: dict) -> Any:
+  return _compat.ordered_debug_effect if params["ordered"] else _compat.debug_effect
+
+
+def _partitioned_error(ctx) -> str:
+  n = len(_compat.lowering_device_assignment(ctx) or ()) or "several"
+  return (
+      "`jax.debug.callback(..., ordered=True, partitioned=True)` can't run under "
+      f"`jax.jit` over {n} devices: XLA can't thread an ordering token through a "
+      "partitioned callback (it aborts compiling). Use `partitioned=False` (runs "
+      "once, on the global value), `jax_sharding_ext.sharded_callback(fn, x)` "
+      "(runs once per shard, in order), or call it inside `shard_map`.")
+
+
+def _make_lowering(prim: Any, effect_of: Callable[[dict], Any]):
+  """The wrapper around `prim`'s stock lowering rule (see the module docstring)."""
+
+  def make_rule(prev_rule):
+    def rule(ctx, *args, **params):
+      if isinstance(params.get("callback"), _ShardedCallback):
+        return _lower_sharded_callback(ctx, *args, **params)
+      effect = effect_of(params)
+      kind = _compat.axis_context_kind(ctx)
+      if kind not in ("auto", "manual") or not _compat.is_ordered_effect(effect):
+        return prev_rule(ctx, *args, **params)
+      partitioned = bool(params.get("partitioned", False))
+      if partitioned and kind == "auto":
+        raise ValueError(_partitioned_error(ctx))
+
+      def _callback(*flat_args):
+        prim.impl(*flat_args, **params)
+        return ()
+
+      # Inside a manual shard_map the operands are already local, so
+      # `partitioned` makes no difference to what the callback sees.
+      return _compat.emit_ordered_callback(
+          ctx, _callback, args, effect, sharding=_compat.callback_op_sharding(ctx))
+
+    rule.__name__ = rule.__qualname__ = f"jax_sharding_ext_{prim.name}_lowering"
+    return rule
+
+  return make_rule
+
+
+# ---------------------------------------------------------------------------
+# sharded_callback
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _ShardedCallback:
+  """The `callback` parameter of a `debug_callback_p` staged by `sharded_callback`.
+
+  The wrapped lowering rule recognises it and lowers a `shard_map` instead of
+  one host callback. Compared by identity, like any debug callback function.
+  """
+
+  fn: Callable[..., Any]
+  sharding: Any  # NamedSharding | SingleDeviceSharding | None
+
+  def __call__(self, *args):
+    # Only reached when the primitive is evaluated eagerly under a
+    # transformation (e.g. `jax.grad` or `jax.vmap` without `jit`), where the
+    # value has already been moved to the host and its shards are lost.
+    raise ValueError(
+        "`sharded_callback` was evaluated eagerly under a JAX transformation "
+        "(`jax.grad` / `jax.vmap` without `jax.jit`), where the shards of its "
+        "argument are not known. Wrap the function in `jax.jit`.")
+
+
+class _LocalShardCallback:
+  """The per-device host callback: maps mesh position to (index, device)."""
+
+  def __init__(self, fn: Callable[..., Any], mesh: Mesh, spec: PartitionSpec,
+               shape: tuple[int, ...]):
+    self.fn = fn
+    self.devices = mesh.devices
+    self.indices = NamedSharding(mesh, spec).devices_indices_map(tuple(shape))
+
+  def __call__(self, data, *position):
+    device = self.devices[tuple(int(p) for p in position)]
+    self.fn(np.asarray(data), self.indices[device], device)
+
+
+def _mesh_of(devices, names) -> Mesh:
+  return Mesh(np.asarray(devices, dtype=object), tuple(names))
+
+
+def _resolve_mesh_and_spec(ctx, x, callback: _ShardedCallback, device_assignment,
+                           aval) -> tuple[Mesh, PartitionSpec]:
+  sharding = callback.sharding
+  if sharding is None:
+    if len(device_assignment) == 1:
+      return _mesh_of(list(device_assignment), ("_jse_d",)), PartitionSpec()
+    found = _compat.operand_sharding(ctx, x)
+    if found is None:
+      raise ValueError(
+          f"`sharded_callback` can't tell the shards of its argument (shape "
+          f"{tuple(aval.shape)}, dtype {aval.dtype}) in a computation over "
+          f"{len(device_assignment)} devices: it is neither a `jit` argument "
+          "nor a `with_sharding_constraint` result, so XLA picks its sharding "
+          "later. Pass `sharding=NamedSharding(mesh, spec)`.")
+    devices, names, spec = found
+    return _mesh_of(devices, names), PartitionSpec(*spec)
+  if isinstance(sharding, SingleDeviceSharding):
+    mesh, spec = _mesh_of([next(iter(sharding.device_set))], ("_jse_d",)), PartitionSpec()
+  else:
+    mesh, spec = sharding.mesh, sharding.spec
+  if set(mesh.devices.flat) != set(device_assignment):
+    raise ValueError(
+        f"`sharded_callback(..., sharding=...)` got a sharding over devices "
+        f"{sorted(d.id for d in mesh.devices.flat)}, but the computation runs on "
+        f"devices {sorted(d.id for d in device_assignment)}. Pass a sharding "
+        "over the computation's devices.")
+  return mesh, spec
+
+
+def _lower_sharded_callback(ctx, x, *, callback, effect, partitioned):
+  del partitioned
+  kind = _compat.axis_context_kind(ctx)
+  if kind in ("manual", "partial"):
+    raise ValueError(
+        "`sharded_callback` was called inside `shard_map`, where values are "
+        "already per device. Use `jax.debug.callback(fn, x, ordered=True)` there "
+        "(it runs once per device with the local value), or call "
+        "`sharded_callback` outside the `shard_map`.")
+  device_assignment = _compat.lowering_device_assignment(ctx)
+  if kind == "other" or device_assignment is None:
+    raise ValueError(
+        "`sharded_callback` can only be staged by `jax.jit` (not `pmap`, and not "
+        "lowered without devices).")
+  aval = ctx.avals_in[0]
+  mesh, spec = _resolve_mesh_and_spec(ctx, x, callback, device_assignment, aval)
+  local = _LocalShardCallback(callback.fn, mesh, spec, aval.shape)
+
+  def body(x_local):
+    position = [lax.axis_index(name) for name in mesh.axis_names]
+    _compat.debug_callback_p.bind(x_local, *position, callback=local, effect=effect,
+                                  partitioned=False)
+    return []
+
+  def staged(x_global):
+    jax.shard_map(body, mesh=mesh, in_specs=(spec,), out_specs=[],
+                  check_vma=False)(x_global)
+    return []
+
+  return _compat.lower_fun_multiple_results(staged)(ctx, x)
+
+
+def _check_sharding(sharding: Any) -> None:
+  if isinstance(sharding, SingleDeviceSharding):
+    return
+  if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh):
+    return
+  raise TypeError(
+      f"`sharded_callback(..., sharding=...)` needs a `NamedSharding` over a "
+      f"concrete `Mesh` or a `SingleDeviceSharding`, got {sharding!r}. Build one "
+      "with `jax.sharding.NamedSharding(mesh, PartitionSpec(...))`.")
+
+
+def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
+                     ordered: bool = True) -> None:
+  """Call `fn(data, index, device)` once per addressable shard of `x`.
+
+  `data` is the shard as a numpy array, `index` its tuple of slices into the
+  global array, `device` the `jax.Device` holding it. Replicated shards are
+  visited once per device holding a copy. With `ordered=True` the calls of a
+  device happen in program order with every other ordered print and callback
+  (`jax.debug.print(..., ordered=True)` shares the token); calls of different
+  devices at one program point are unordered.
+
+  Inside `jax.jit` the call is staged (no `shard_map` needed). The shards are
+  those of `sharding` if given (the value is resharded to it), else those of
+  `x` when they are known while lowering: a `jit` argument or the result of
+  `jax.lax.with_sharding_constraint`. Eagerly, on a `jax.Array` or
+  `GlobalDeviceArray`, it waits for the ordered effects already dispatched by
+  this thread and then calls `fn` on the host for each addressable shard.
+
+  Args:
+    fn: called as `fn(data, index, device)`; its return value is ignored.
+    x: a `jax.Array`, `GlobalDeviceArray`, or a traced value inside `jit`.
+      A numpy array needs `sharding=`.
+    sharding: a `NamedSharding` (over a concrete `Mesh`) or
+      `SingleDeviceSharding` giving the shards to visit.
+    ordered: keep program order per device (default True).
+
+  Returns:
+    None.
+
+  Raises:
+    TypeError: `fn` is not callable, `ordered` is not a bool, or `sharding` is
+      not a supported sharding.
+    ValueError: the shards of `x` cannot be known; pass `sharding=`.
+
+  Example:
+    >>> @jax.jit
+    ... def step(x):
+    ...   sharded_callback(lambda d, i, dev: print(dev.id, i, d.sum()), x)
+    ...   return x * 2
+  """
+  if not callable(fn):
+    raise TypeError(
+        f"`sharded_callback(fn, x)` needs a callable `fn(data, index, device)`, "
+        f"got {type(fn).__name__} {fn!r}.")
+  if not isinstance(ordered, bool):
+    raise TypeError(f"`sharded_callback(..., ordered=...)` must be True or False, got {ordered!r}.")
+  if sharding is not None:
+    _check_sharding(sharding)
+  if hasattr(x, "to_jax_array") and not isinstance(x, jax.Array):
+    x = x.to_jax_array()  # GlobalDeviceArray: the same buffers, no copy
+  if sharding is not None and hasattr(x, "shape"):
+    try:
+      sharding.shard_shape(tuple(x.shape))
+    except ValueError as e:
+      raise ValueError(
+          f"`sharded_callback(..., sharding={sharding})` does not fit a value of "
+          f"shape {tuple(x.shape)}: {e}") from None
+  if isinstance(x, jax.core.Tracer):
+    effect = _compat.ordered_debug_effect if ordered else _compat.debug_effect
+    _compat.debug_callback_p.bind(x, callback=_ShardedCallback(fn, sharding),
+                                  effect=effect, partitioned=False)
+    return None
+  if isinstance(x, jax.Array):
+    if sharding is not None and not x.sharding.is_equivalent_to(sharding, x.ndim):
+      x = jax.device_put(x, sharding)
+  elif sharding is not None:
+    x = jax.device_put(x, sharding)
+  else:
+    raise ValueError(
+        f"`sharded_callback` got a {type(x).__name__}, which has no shards. Pass "
+        "`sharding=NamedSharding(mesh, spec)` to place it, or pass a `jax.Array`.")
+  if ordered:
+    jax.effects_barrier()  # effects dispatched before this call run first
+  for shard in x.addressable_shards:
+    fn(np.asarray(shard.data), shard.index, shard.device)
+  return None
+
+
+# ---------------------------------------------------------------------------
+# effects_barrier: every thread's tokens.
+# ---------------------------------------------------------------------------
+
+_thread_token_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Thread -> that thread's `RuntimeTokenSet` attribute dict (the live one)."""
+
+
+class _TrackedRuntimeTokens(_compat.RuntimeTokenSet):
+  """JAX's per-thread runtime tokens, also reachable from other threads."""
+
+  def __init__(self):
+    super().__init__()
+    # For a `threading.local`, `__init__` runs once in each thread that uses
+    # it, and `self.__dict__` is that thread's attribute dict; `clear()`
+    # rebinds attributes inside that same dict.
+    with _lock:
+      _thread_token_states[threading.current_thread()] = self.__dict__
+
+
+class _RuntimeTokensEdit:
+  """Swap `dispatch.runtime_tokens` for a tracked instance; undo swaps back.
+
+  The calling thread's pending tokens move across both ways. Tokens other
+  threads hold in the object being replaced stay there (a thread that
+  dispatched ordered effects before `install()` starts a new chain after it).
+  """
+
+  name = "dispatch.runtime_tokens"
+
+  def __init__(self):
+    self.applied = False
+    self._old: Any = None
+    self._new: Any = None
+
+  def apply(self) -> None:
+    if self.applied:
+      return
+    old = _compat.get_runtime_tokens()
+    new = _TrackedRuntimeTokens()
+    new.current_tokens = old.current_tokens
+    new.output_runtime_tokens = old.output_runtime_tokens
+    self._old, self._new = old, new
+    _compat.set_runtime_tokens(new)
+    self.applied = True
+
+  def revert(self) -> None:
+    if not self.applied:
+      return
+    if _compat.get_runtime_tokens() is not self._new:
+      raise RuntimeError(
+          "Cannot uninstall jax_sharding_ext: `dispatch.runtime_tokens` was "
+          "replaced by someone else after jax_sharding_ext installed it. "
+          "Uninstall the other extension first.")
+    self._old.current_tokens = self._new.current_tokens
+    self._old.output_runtime_tokens = self._new.output_runtime_tokens
+    _compat.set_runtime_tokens(self._old)
+    self._old = self._new = None
+    self.applied = False
+
+
+def _pending_tokens(state: dict) -> list:
+  for _ in range(3):  # the owning thread may be mid-update
+    try:
+      return [*tuple(state.get("current_tokens", {}).values()),
+              *tuple(state.get("output_runtime_tokens", {}).values())]
+    except RuntimeError:
+      continue
+  return []
+
+
+def effects_barrier() -> None:
+  """Wait until every effect already dispatched, on every device, has run.
+
+  `jax.effects_barrier()` waits for the effects dispatched by the calling
+  thread (and raises if one of them failed). This also waits for those
+  dispatched by every other thread; their failures are left for those
+  threads' own barriers.
+  """
+  jax.effects_barrier()
+  me = threading.current_thread()
+  with _lock:
+    states = [(t, s) for t, s in _thread_token_states.items() if t is not me]
+  for _, state in states:
+    for token in _pending_tokens(state):
+      try:
+        token.block_until_ready()
+      except jax.errors.JaxRuntimeError:
+        pass  # reported to the thread that dispatched it
+
+
+# ---------------------------------------------------------------------------
+# declare_effect / mark_shardable
+# ---------------------------------------------------------------------------
+
+
+class _UserEffectEdits:
+  """The effect-table memberships asked for by `declare_effect` / `mark_shardable`.
+
+  One registry edit standing for all of them, so that `uninstall()` removes
+  user effects from JAX's tables too and `install()` puts them back.
+  """
+
+  name = "declared effects"
+
+  def __init__(self):
+    self.edits: list[_compat.EffectTypeSetEdit] = []
+    self.applied = False
+
+  def add(self, edit: _compat.EffectTypeSetEdit) -> None:
+    with _lock:
+      self.edits.append(edit)
+      if self.applied:
+        edit.apply()
+
+  def apply(self) -> None:
+    with _lock:
+      for edit in self.edits:
+        edit.apply()
+      self.applied = True
+
+  def revert(self) -> None:
+    with _lock:
+      for edit in reversed(self.edits):
+        edit.revert()
+      self.applied = False
+
+
+_user_edits = _UserEffectEdits()
+_declared: dict[str, tuple[type, dict[str, bool]]] = {}
+_shardable_marked: set[type] = set()
+
+_OPTION_SETS = (
+    ("ordered", "ordered_effects"),
+    ("shardable", "shardable_ordered_effects"),
+    ("lowerable", "lowerable_effects"),
+    ("control_flow", "control_flow_allowed_effects"),
+    ("custom_derivatives", "custom_derivatives_allowed_effects"),
+    ("remat", "remat_allowed_effects"),
+)
+
+
+def _effect_eq(self, other):
+  return type(self) is type(other)
+
+
+def _effect_hash(self):
+  return hash(type(self))
+
+
+def _effect_str(self):
+  return type(self).__name__
+
+
+def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
+                   lowerable: bool = True, control_flow: bool = True,
+                   custom_derivatives: bool = True, remat: bool = True) -> type:
+  """Create an effect type named `name` and add it to JAX's effect tables.
+
+  The type joins `ordered_effects` (if `ordered`), `shardable_ordered_effects`
+  (if `shardable`), `lowerable_effects`, `control_flow_allowed_effects`,
+  `custom_derivatives_allowed_effects`, `remat_allowed_effects` (each if its
+  flag is set), and always `partial_eval_kept_effects` where this JAX has it
+  (that keeps an equation with the effect through dead-code elimination).
+  All instances of the returned type are equal, so they share one token:
+  effects of this type are ordered among themselves, not against other types.
+
+  Args:
+    name: the class name (a Python identifier).
+    ordered: thread a token through computations so effects keep program order.
+    shardable: allow the ordered effect in computations over several devices
+      (program order per device; unordered across devices at one point).
+      Requires `ordered=True`.
+    lowerable: the effect may appear in a lowered computation.
+    control_flow: allowed inside `lax.scan`, `while_loop`, `cond`.
+    custom_derivatives: allowed inside `custom_jvp` / `custom_vjp` functions.
+    remat: allowed inside `jax.checkpoint`.
+
+  Returns:
+    The effect type (a subclass of `jax.extend.core.Effect`). Declaring the
+    same name again with the same options returns the same type.
+
+  Raises:
+    TypeError: `name` is not a string, or an option is not a bool.
+    ValueError: `name` is not an identifier, `shardable=True` without
+      `ordered=True`, or `name` was declared before with other options.
+  """
+  if not isinstance(name, str):
+    raise TypeError(
+        f"`declare_effect(name, ...)` needs the effect's name as a string, got "
+        f"{type(name).__name__} {name!r}. Example: `declare_effect('MyLogEffect', ordered=True)`.")
+  if not name.isidentifier():
+    raise ValueError(
+        f"`declare_effect` names the effect class, so {name!r} must be a Python "
+        "identifier. Example: `declare_effect('MyLogEffect', ordered=True)`.")
+  options = dict(ordered=ordered, shardable=shardable, lowerable=lowerable,
+                 control_flow=control_flow, custom_derivatives=custom_derivatives,
+                 remat=remat)
+  for key, value in options.items():
+    if not isinstance(value, bool):
+      raise TypeError(f"`declare_effect({name!r}, {key}=...)` must be True or False, got {value!r}.")
+  if shardable and not ordered:
+    raise ValueError(
+        f"`declare_effect({name!r}, shardable=True, ordered=False)`: only an "
+        "ordered effect can be shardable (shardable relaxes the single-device "
+        "rule for ordered effects; unordered effects already run on any number "
+        "of devices). Pass `ordered=True`, or drop `shardable=True`.")
+  with _lock:
+    if name in _declared:
+      typ, previous = _declared[name]
+      if previous == options:
+        return typ
+      diff = ", ".join(f"{k}={previous[k]} (now {options[k]})"
+                       for k in options if previous[k] != options[k])
+      raise ValueError(
+          f"Effect {name!r} was already declared with different options: {diff}. "
+          "Declare it with the same options, or use a new name.")
+    typ = type(name, (_compat.Effect,), {
+        "__module__": "jax_sharding_ext",
+        "__qualname__": name,
+        "__doc__": f"Effect declared by `jax_sharding_ext.declare_effect({name!r}, ...)`.",
+        "__eq__": _effect_eq,
+        "__hash__": _effect_hash,
+        "__str__": _effect_str,
+        "__repr__": _effect_str,
+    })
+    for option, set_name in _OPTION_SETS:
+      if options[option]:
+        _user_edits.add(_compat.EffectTypeSetEdit(set_name, typ))
+    _user_edits.add(_compat.EffectTypeSetEdit("partial_eval_kept_effects", typ))
+    _declared[name] = (typ, options)
+  return typ
+
+
+def _is_ordered_type(effect_type: type) -> bool:
+  for typ, options in _declared.values():
+    if typ is effect_type:
+      return options["ordered"]
+  return any(issubclass(effect_type, t) for t in _compat.effect_types_in("ordered_effects"))
+
+
+def mark_shardable(effect_type: type) -> type:
+  """Declare the existing ordered effect type `effect_type` shardable.
+
+  Effects of that type are then allowed in computations over several devices:
+  program order is kept per device; across devices at one program point there
+  is no order. The primitive carrying the effect must give its side-effecting
+  op a sharding in its lowering (as `io_callback` does), or XLA rejects it.
+  Undone by `uninstall()`, redone by `install()`.
+
+  Args:
+    effect_type: a subclass of `jax.extend.core.Effect` that is ordered (in
+      `ordered_effects`).
+
+  Returns:
+    `effect_type`.
+
+  Raises:
+    TypeError: `effect_type` is not an effect class.
+    ValueError: `effect_type` is not ordered.
+  """
+  if not (isinstance(effect_type, type) and issubclass(effect_type, _compat.Effect)):
+    raise TypeError(
+        f"`mark_shardable(effect_type)` needs an effect class (a subclass of "
+        f"`jax.extend.core.Effect`), got {effect_type!r}. Pass the class, not an "
+        "instance: `mark_shardable(type(my_effect))`.")
+  if not _is_ordered_type(effect_type):
+    raise ValueError(
+        f"`mark_shardable({effect_type.__name__})`: the effect is not ordered, and "
+        "only ordered effects can be shardable (unordered effects already run on "
+        "any number of devices). Declare it with "
+        f"`declare_effect({effect_type.__name__!r}, ordered=True, shardable=True)`.")
+  with _lock:
+    if effect_type not in _shardable_marked:
+      _shardable_marked.add(effect_type)
+      _user_edits.add(_compat.EffectTypeSetEdit("shardable_ordered_effects", effect_type))
+  return effect_type
+
+
+# ---------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------
+
+
+class _ClearCachesOnRevert:
+  """On `uninstall()`, drop executables compiled with this module's lowerings.
+
+  Without this a `jit` function compiled while installed would keep running
+  its cached executable after `uninstall()`, instead of raising stock JAX's
+  error when traced again. `jax.clear_caches()` is public and initialises no
+  backend.
+  """
+
+  name = "jax.clear_caches on uninstall"
+
+  def __init__(self):
+    self.applied = False
+
+  def apply(self) -> None:
+    self.applied = True
+
+  def revert(self) -> None:
+    if self.applied:
+      jax.clear_caches()
+    self.applied = False
+
+
+def table_edits() -> list:
+  """Every edit this module makes to JAX, in the order `install()` applies them."""
+  edits: list = [
+      _ClearCachesOnRevert(),
+      _compat.EffectTypeSetEdit("shardable_ordered_effects", _compat.OrderedDebugEffect),
+      # `sharded_callback` needs the devices while lowering (as io_callback_p).
+      _compat.SetMemberEdit("prim_requires_devices_during_lowering",
+                            _compat.prim_requires_devices_during_lowering,
+                            _compat.debug_callback_p),
+      # Lower inline, so the operand's producer is visible (already so in
+      # jax 0.10.2 / 0.12.x because of the TPU registration; kept explicit).
+      _compat.SetMemberEdit("uncacheable_primitives", _compat.uncacheable_primitives,
+                            _compat.debug_callback_p),
+  ]
+  for prim, effect_of in ((_compat.debug_callback_p, _debug_callback_effect),
+                          (_compat.debug_print_p, _debug_print_effect)):
+    make_rule = _make_lowering(prim, effect_of)
+    for platform in _compat.lowering_platforms(prim):
+      edits.append(_compat.LoweringEdit(prim, platform, make_rule))
+  edits.append(_RuntimeTokensEdit())
+  edits.append(_user_edits)
+  return edits

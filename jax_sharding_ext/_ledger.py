@@ -1,0 +1,209 @@
+"""`transfer_ledger()`: see what this package's arrays moved, and how much.
+
+A ledger is a context manager. While it is open, every transfer a
+`GlobalDeviceArray` makes on the same thread (classified in `_transfer.py`)
+appends one `TransferRecord` per user-level operation: one for
+`np.asarray(gda)`, one per array leaf of a `jax.device_put` /
+`jax.device_get` pytree, one per direction for a `from_callback`.
+
+Mechanism:
+
+* Ledgers are per thread, like `jax.transfer_guard`: each thread has its own
+  stack of open ledgers, and a record goes to every ledger on the stack of the
+  thread that made the transfer (so an inner ledger's records are seen by the
+  outer ledgers too). A ledger opened on one thread never sees another
+  thread's transfers.
+* With no ledger open anywhere, `_transfer.py` pays one read of the module
+  global `_open_count` per transfer and builds nothing.
+* A transfer the guard blocked, or that failed, records nothing.
+
+What a record's `nbytes` counts is the bytes written into destination
+buffers: every replica of a replicated placement, every destination shard of
+a reshard, the global value (once) for a fetch to the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+
+_DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
+
+_lock = threading.Lock()
+_open_count = 0
+"""Number of ledgers open on any thread; 0 means nothing needs recording."""
+
+_local = threading.local()
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferRecord:
+  """One transfer of a `GlobalDeviceArray`.
+
+  Attributes:
+    direction: "host_to_device", "device_to_device" or "device_to_host".
+    explicit: True for `from_callback` and friends, `jax.device_put`,
+      `jax.device_get`; False for `np.asarray(gda)` and for a reshard made
+      while passing the array to a computation.
+    nbytes: bytes written into destination buffers, all shards together (each
+      replica counts).
+    shape: the global shape of the array.
+    dtype: its dtype.
+    src: the source devices, in sharding order; `()` for the host.
+    dst: the destination devices, in sharding order; `()` for the host.
+    site: `"file:line"` of the user's call that made the transfer (the first
+      frame outside `jax_sharding_ext`, `jax` and `jaxlib`).
+  """
+
+  direction: str
+  explicit: bool
+  nbytes: int
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  src: tuple[Any, ...]
+  dst: tuple[Any, ...]
+  site: str
+
+
+class _Totals(dict):
+  """`{direction: (count, nbytes)}`; a direction with no transfer reads (0, 0)."""
+
+  def __missing__(self, key):
+    if key in _DIRECTIONS:
+      return (0, 0)
+    raise KeyError(key)
+
+
+class TransferLedger:
+  """The records of the transfers made while this ledger was open.
+
+  Create it with `jax_sharding_ext.transfer_ledger()`; see its docstring.
+  """
+
+  def __init__(self):
+    self.records: list[TransferRecord] = []
+    self._stack: list[TransferLedger] | None = None
+
+  def __enter__(self) -> TransferLedger:
+    global _open_count
+    if self._stack is not None:
+      raise RuntimeError("This transfer ledger is already open; create a new one with "
+                         "`jax_sharding_ext.transfer_ledger()`.")
+    stack = _thread_stack()
+    stack.append(self)
+    self._stack = stack
+    with _lock:
+      _open_count += 1
+    return self
+
+  def __exit__(self, *exc) -> None:
+    global _open_count
+    stack, self._stack = self._stack, None
+    if stack is None:
+      return
+    # Normally the top of the stack; tolerate out-of-order exits.
+    for i in range(len(stack) - 1, -1, -1):
+      if stack[i] is self:
+        del stack[i]
+        break
+    with _lock:
+      _open_count -= 1
+
+  def totals(self) -> dict[str, tuple[int, int]]:
+    """Return `{direction: (count, nbytes)}` over `records`.
+
+    Only directions that occurred are keys (in the order host_to_device,
+    device_to_device, device_to_host); looking up one that did not occur gives
+    `(0, 0)`.
+    """
+    out = _Totals()
+    for d in _DIRECTIONS:
+      n = b = 0
+      for r in self.records:
+        if r.direction == d:
+          n += 1
+          b += r.nbytes
+      if n:
+        out[d] = (n, b)
+    return out
+
+  def summary(self) -> str:
+    """Return a printable table: count and bytes per direction and kind."""
+    rows = []
+    for d in _DIRECTIONS:
+      for explicit in (True, False):
+        recs = [r for r in self.records if r.direction == d and r.explicit == explicit]
+        if recs:
+          rows.append((d, "explicit" if explicit else "implicit", str(len(recs)),
+                       _format_bytes(sum(r.nbytes for r in recs))))
+    rows.append(("total", "", str(len(self.records)),
+                 _format_bytes(sum(r.nbytes for r in self.records))))
+    header = ("direction", "kind", "count", "bytes")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
+
+    def fmt(row):
+      return (f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  "
+              f"{row[2]:>{widths[2]}}  {row[3]:>{widths[3]}}").rstrip()
+
+    rule = "-" * len(fmt(tuple("-" * w for w in widths)))
+    return "\n".join([fmt(header), rule, *map(fmt, rows[:-1]), rule, fmt(rows[-1])])
+
+  def __repr__(self) -> str:
+    totals = ", ".join(f"{d}: {n} ({b} bytes)" for d, (n, b) in self.totals().items())
+    return f"TransferLedger({len(self.records)} records{'; ' + totals if totals else ''})"
+
+
+def transfer_ledger() -> TransferLedger:
+  """Record every transfer of this package's arrays on this thread.
+
+  Use it as a context manager; the ledger stays readable after the block.
+  Ledgers nest (an inner ledger's records also go to the outer ones) and are
+  per thread: a transfer is recorded by the ledgers open on the thread that
+  made it. With no ledger open, recording costs one check per transfer.
+
+  Returns:
+    A `TransferLedger` with `records` (a list of `TransferRecord`),
+    `totals()` and `summary()`.
+
+  Example:
+    >>> with jax_sharding_ext.transfer_ledger() as ledger:
+    ...   gda = GlobalDeviceArray.from_callback(shape, mesh, P("x"), cb)
+    ...   host = np.asarray(gda)
+    >>> ledger.totals()
+    {'host_to_device': (1, 64), 'device_to_host': (1, 64)}
+    >>> print(ledger.summary())
+  """
+  return TransferLedger()
+
+
+def _thread_stack() -> list[TransferLedger]:
+  try:
+    return _local.stack
+  except AttributeError:
+    stack = _local.stack = []
+    return stack
+
+
+def open_ledgers() -> list[TransferLedger]:
+  """The ledgers open on this thread (empty when none)."""
+  return getattr(_local, "stack", None) or []
+
+
+def add(record: TransferRecord) -> None:
+  """Append `record` to every ledger open on this thread."""
+  for ledger in open_ledgers():
+    ledger.records.append(record)
+
+
+def _format_bytes(n: int) -> str:
+  if n < 1024:
+    return f"{n} B"
+  value = float(n)
+  for unit in ("KiB", "MiB", "GiB", "TiB"):
+    value /= 1024
+    if value < 1024 or unit == "TiB":
+      return f"{value:.1f} {unit} ({n})"
+  raise AssertionError("unreachable")
