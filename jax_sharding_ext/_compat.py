@@ -311,8 +311,9 @@ del _xc  # imported only to fail early if the module moved
 # ---------------------------------------------------------------------------
 # What `_transfer.py` needs to apply JAX's transfer guard to GDA transfers.
 #
-# * Guard levels: since jax 0.4.1 (transfer guards, jaxlib `transfer_guard_lib`,
-#   renamed `guard_lib` in jaxlib 0.4.36) the effective level of a direction is
+# * Guard levels: in jaxlib's `guard_lib` (earlier `transfer_guard_lib`; the
+#   `from jax._src.lib import guard_lib` at the top fails early if it moves)
+#   the effective level of a direction is
 #   `guard_lib.thread_local_state().<direction>`, falling back to
 #   `guard_lib.global_state().<direction>`, falling back to ALLOW. That is what
 #   jaxlib's C++ `GetTransferGuardAction*` reads, and what `jax.transfer_guard*`
@@ -329,9 +330,10 @@ del _xc  # imported only to fail early if the module moved
 #   placement is not inside `explicit_device_put_scope`, so jaxlib judges it
 #   implicit) and log it a second time.
 # * Same-placement test: `array._sharding_indices_and_eq` (with the
-#   `_fallback_check_via_indices` fallback) is how `_array_shard_arg` (jax
-#   0.4.31+) decides whether an argument moves; reusing it keeps "is this a
-#   transfer" identical to stock.
+#   `_fallback_check_via_indices` fallback) is how `_array_shard_arg` decides
+#   whether an argument moves (jax 0.10.2); reusing it keeps "is this a
+#   transfer" identical to stock. If a JAX release drops them, the public
+#   `devices_indices_map` comparison below gives the same answer, slower.
 # * `ArrayCopySemantics` (jax 0.4.36, 0bb30f0777): jaxlib guards every copy
 #   that is not `REUSE_INPUT`, even onto the same devices.
 # ---------------------------------------------------------------------------
@@ -372,6 +374,23 @@ def transfer_guard_level(direction: str) -> str:
   return _TG_LEVEL_NAMES[level]
 
 
+def transfer_guard_query(direction: str, explicit_flag: str) -> tuple[str, bool]:
+  """`(transfer_guard_level(direction), explicit)` with one thread-state lookup.
+
+  `explicit_flag` is "explicit_device_put" (set by `jax.device_put`) or
+  "explicit_device_get" (set by `jax.device_get`): the flag jaxlib consults
+  for this direction (host_to_device and device_to_device use the put flag).
+  """
+  state = _tg_thread_state()
+  explicit = bool(getattr(state, explicit_flag))
+  level = getattr(state, direction)
+  if level is None:
+    level = getattr(_tg_global_state(), direction)
+    if level is None:
+      return "allow", explicit
+  return _TG_LEVEL_NAMES[level], explicit
+
+
 def suspend_transfer_guards() -> tuple:
   """Set this thread's guard levels to ALLOW; return what to restore."""
   state = _tg_thread_state()
@@ -389,10 +408,14 @@ def restore_transfer_guards(saved: tuple) -> None:
 def sharding_platform(sharding) -> str:
   """The platform of a sharding's devices ("cpu", "gpu", "tpu", ...).
 
-  `Sharding._internal_device_list` (jax 0.4.20+) is a cached C++ `DeviceList`;
-  indexing it is about twice as fast as the public `device_set`.
+  `Sharding._internal_device_list` (present in jax 0.10.2) is a cached C++
+  `DeviceList`; indexing it is about twice as fast as the public `device_set`,
+  which is the fallback.
   """
-  return sharding._internal_device_list[0].platform
+  try:
+    return sharding._internal_device_list[0].platform
+  except AttributeError:  # pragma: no cover - only if JAX renames it
+    return next(iter(sharding.device_set)).platform
 
 
 def same_shard_placement(src_sharding, dst_sharding, shape) -> bool:
@@ -404,17 +427,26 @@ def same_shard_placement(src_sharding, dst_sharding, shape) -> bool:
   list, which copies them when the device order differs (and jaxlib guards
   that as device_to_device). So the device lists are compared too.
   """
+  if _sharding_indices_and_eq is None:  # pragma: no cover - only if JAX drops it
+    return (src_sharding.devices_indices_map(tuple(shape))
+            == dst_sharding.devices_indices_map(tuple(shape)))
   if src_sharding._internal_device_list != dst_sharding._internal_device_list:
     return False
   try:
-    return bool(_array._sharding_indices_and_eq(src_sharding, dst_sharding, len(shape)))
+    return bool(_sharding_indices_and_eq(src_sharding, dst_sharding, len(shape)))
   except NotImplementedError:
-    return bool(_array._fallback_check_via_indices(src_sharding, dst_sharding, tuple(shape)))
+    return bool(_fallback_check_via_indices(src_sharding, dst_sharding, tuple(shape)))
+
+
+_sharding_indices_and_eq = getattr(_array, "_sharding_indices_and_eq", None)
+_fallback_check_via_indices = getattr(_array, "_fallback_check_via_indices", None)
+if _fallback_check_via_indices is None:  # pragma: no cover
+  _sharding_indices_and_eq = None
 
 
 __all__ += ["ArrayCopySemantics", "REUSE_INPUT", "ALWAYS_COPY", "TRANSFER_DIRECTIONS",
-            "transfer_guard_level", "suspend_transfer_guards", "restore_transfer_guards",
-            "sharding_platform", "same_shard_placement"]
+            "transfer_guard_level", "transfer_guard_query", "suspend_transfer_guards",
+            "restore_transfer_guards", "sharding_platform", "same_shard_placement"]
 
 
 # ---------------------------------------------------------------------------
@@ -611,16 +643,28 @@ def axis_context_kind(ctx) -> str:
   "auto": `jit` over several devices (bulk-array semantics);
   "single": `jit` on one device; "manual": inside `shard_map` with every mesh
   axis manual (per-device semantics); "partial": `shard_map` with some axes
-  left automatic; "other": anything else (pmap's replica context).
+  left automatic; "nested": a `shard_map` inside another one (the inner one's
+  mesh is the context mesh, whose outer axes are already `Manual`, in jax
+  0.10.2 and 0.12.x); "other": anything else (pmap's replica context).
   """
   ac = ctx.module_context.axis_context
   if isinstance(ac, _fx_sharding_impls.ShardingContext):
     return "auto" if ac.num_devices > 1 else "single"
   if isinstance(ac, _fx_sharding_impls.SPMDAxisContext):
+    if any(t == jax.sharding.AxisType.Manual for t in getattr(ac.mesh, "axis_types", ())):
+      return "nested"
     if frozenset(ac.manual_axes) == frozenset(ac.mesh.axis_names):
       return "manual"
     return "partial"
   return "other"
+
+
+def auto_axes_in_shard_map(ctx) -> tuple[str, ...]:
+  """Mesh axes left automatic by the enclosing `shard_map` (empty outside one)."""
+  ac = ctx.module_context.axis_context
+  if not isinstance(ac, _fx_sharding_impls.SPMDAxisContext):
+    return ()
+  return tuple(a for a in ac.mesh.axis_names if a not in ac.manual_axes)
 
 
 def lowering_device_assignment(ctx) -> tuple | None:
@@ -666,7 +710,7 @@ def lower_fun_multiple_results(fun: Callable[..., Any]) -> Callable[..., Any]:
 def _sdy_mesh_and_spec(attr, device_assignment):
   ts = _fx_sdy.TensorShardingAttr(attr)
   mesh_attr = ts.mesh_or_ref
-  if not _fx_sdy.MeshAttr.isinstance(mesh_attr):
+  if not _attr_is(_fx_sdy.MeshAttr, mesh_attr):
     return None  # a symbol reference: meshes are only inlined while lowering
   mesh_attr = _fx_sdy.MeshAttr(mesh_attr)
   axes = [_fx_sdy.MeshAxisAttr(a) for a in mesh_attr.axes]
@@ -737,11 +781,21 @@ def operand_sharding(ctx, value) -> tuple[Any, tuple[str, ...], tuple] | None:
       attr = op.attributes["mhlo.sharding"]
   if attr is None:
     return None
-  if _fx_sdy.TensorShardingAttr.isinstance(attr):
+  if _attr_is(_fx_sdy.TensorShardingAttr, attr):
     return _sdy_mesh_and_spec(attr, da)
-  if _fx_ir.StringAttr.isinstance(attr):
+  if _attr_is(_fx_ir.StringAttr, attr):
     return _hlo_mesh_and_spec(attr, da)
   return None
+
+
+def _attr_is(cls, attr) -> bool:
+  # `Attr.isinstance` exists for some attribute classes only; a cast is the
+  # check every MLIR binding version has.
+  try:
+    cls(attr)
+  except (ValueError, TypeError):
+    return False
+  return True
 
 
 RuntimeTokenSet: type = type(_fx_dispatch.runtime_tokens)
@@ -769,7 +823,7 @@ __all__ += ["Effect", "EFFECT_TYPE_SET_NAMES", "HAS_PARTIAL_EVAL_KEPT_EFFECTS",
             "SetMemberEdit", "debug_callback_p", "debug_print_p", "OrderedDebugEffect",
             "ordered_debug_effect", "debug_effect", "uncacheable_primitives",
             "prim_requires_devices_during_lowering", "LoweringEdit", "lowering_platforms",
-            "axis_context_kind", "lowering_device_assignment", "callback_op_sharding",
+            "axis_context_kind", "auto_axes_in_shard_map", "lowering_device_assignment", "callback_op_sharding",
             "emit_ordered_callback", "lower_fun_multiple_results", "operand_sharding",
             "RuntimeTokenSet", "get_runtime_tokens", "set_runtime_tokens"]
 
@@ -788,8 +842,9 @@ __all__ += ["Effect", "EFFECT_TYPE_SET_NAMES", "HAS_PARTIAL_EVAL_KEPT_EFFECTS",
 # crashes the process (measured: SIGSEGV with 8 CPU devices, jax 0.10.2).
 #
 # The donation vector of the running call is a local of the Python frames that
-# dispatch it, which are always on the stack when a GDA is sharded (a GDA is
-# not a `jax.Array`, so jit's C++ fast path hands every call to Python):
+# dispatch it, which are on the stack whenever a GDA reaches its shard-arg
+# handler (warm calls on jit's C++ fast path do not; `_donation.dispatch_key`
+# sends the risky ones back to this Python path):
 # * `pjit._pjit_call_impl_python(*args, donated_invars=...)` (top-level
 #   `jax.jit` calls) and `pjit._pjit_call_impl` (`jit_p.bind`, e.g. under
 #   `jax.debug_key_reuse`): `args` and `donated_invars` align one to one;
@@ -946,12 +1001,12 @@ class DispatchNodeEdit:
     if self.typ not in _dispatch_registered:
       _dispatch_registry.register_dataclass_node(self.typ, ["_arr"], ["_dispatch_key"])
       _dispatch_registered.add(self.typ)
-    self.typ._dispatch_key = None
+    self.typ._dispatch_off = None  # the key itself is a property (`_donation.py`)
     self.applied = True
 
   def revert(self) -> None:
     if self.applied:
-      self.typ._dispatch_key = DISPATCH_OFF
+      self.typ._dispatch_off = DISPATCH_OFF
       self.applied = False
 
 

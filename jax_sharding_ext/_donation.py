@@ -12,15 +12,23 @@ alias them, and afterwards the wrapped array is deleted, so
 What stock JAX does not do, and this module adds, is refuse a call that
 donates an array that the same call also reads through another argument
 (`f(donate(x), x)`, the same GDA twice in a pytree, a GDA next to its own
-`to_jax_array()`): PjRt notices that only per partition, while it runs, and
-with several devices the process then crashes. `check_donated_args` runs in
-the GDA `shard_arg_handlers` entry, after compilation but before anything is
-executed or donated, reads which arguments of the running call are donated
-(`_compat.current_call_donation`; the handler's own `copy_semantics` are
-`REUSE_INPUT` for every jit argument, donated or not) and raises
-`RuntimeError` naming both arguments. The check covers every array argument
-of a call that involves a GDA; calls made only of `jax.Array`s never reach
-this package (stock JAX's C++ dispatch handles them).
+`to_jax_array()`), or an array that was already donated: PjRt notices those
+only per partition, while it runs, and with several devices the process then
+crashes (jaxlib 0.10.2). Two pieces make sure such a call never runs:
+
+* `check_donated_args` runs in the GDA `shard_arg_handlers` entry (the Python
+  dispatch path: a first call, a retrace, AOT `Compiled` calls), after
+  compilation but before anything is executed or donated. It reads which
+  arguments of the running call are donated (`_compat.current_call_donation`;
+  the handler's own `copy_semantics` are `REUSE_INPUT` for every jit argument,
+  donated or not) and raises `RuntimeError` naming both arguments. It checks
+  every array argument of a call that involves a GDA.
+* `dispatch_key` computes the GDA's static field in jit's C++ dispatch
+  registry, the only Python that runs on a warm call, so that a call with a
+  donated GDA, or with a GDA repeated in a way no earlier (checked) call
+  repeated it, misses the C++ cache and takes the Python path above.
+
+Calls made only of `jax.Array`s never reach this package (stock behaviour).
 
 `donation_vector` and `rebase_donate_argnums` are the seed's public helpers
 for code that maps `donate_argnums` onto flattened arguments itself.
@@ -193,3 +201,88 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
         "call. Pass a copy for one of them (e.g. `jnp.copy(x)`), or remove it "
         "from `donate_argnums` / `donate_argnames`. Nothing was executed or "
         "donated.")
+
+
+# ---------------------------------------------------------------------------
+# jit's C++ fast path: the GDA dispatch-registry node's static key.
+#
+# A warm `jax.jit` call never reaches `shard_arg_handlers`: the C++ dispatch
+# path unpacks a GDA to its `jax.Array` through `tree_util.dispatch_registry`
+# (`_compat.DispatchNodeEdit`, registered as a dataclass node with data field
+# `_arr` and static field `_dispatch_key`) and executes directly. There, stock
+# jaxlib 0.10.2 crashes the process (SIGSEGV, 8 CPU devices) both for an array
+# that was already donated and for `f(donate(x), x)`. The static field is the
+# one piece of Python that C++ runs for every GDA of every call (it reads it
+# before `_arr`), and it is part of the C++ cache key; `dispatch_key` computes
+# it so that neither case can hit a cached executable:
+#
+# * a deleted (donated) array gets a fresh `object()` key, which matches no
+#   cache entry, so the call falls back to the Python path, where
+#   `GlobalDeviceArray._checked_array` raises the "deleted or donated" error;
+# * the second and later occurrences of one array in a call get a non-None key:
+#   the distance (in GDA leaves flattened on this thread) to its previous
+#   occurrence. A call's key pattern then records which of its GDA leaves repeat
+#   which, so a call with a repeat only hits an entry created by an earlier
+#   call with the same repeats, and that call passed `check_donated_args` on
+#   the Python path (same function, so the same donated positions). A
+#   non-donating `f(x, x)` keeps its fast path.
+#
+# A repeat is recognised by reference counts: while C++ flattens a call it
+# holds one reference per leaf already flattened, so the n-th occurrence of an
+# array in a call sees `sys.getrefcount` exactly n-1 above the first
+# occurrence's; between calls those references are gone. If the program adds
+# references to the array between two calls (`y = gda.to_jax_array()`), the
+# next call may be taken for a repeat; its key distance then exceeds the
+# leaf's position in the call (a true repeat's distance cannot), so the worst
+# case is one extra trip through the Python path. Not covered on the warm path:
+# a GDA passed together with its own `jax.Array` (`gda.to_jax_array()`), since
+# a plain `jax.Array` leaf runs no Python; the Python path still refuses it.
+# ---------------------------------------------------------------------------
+
+import sys as _sys  # noqa: E402
+import threading as _threading  # noqa: E402
+
+_getrefcount = _sys.getrefcount
+
+_SEEN_LIMIT = 1 << 14
+"""Arrays remembered per thread; the older half is dropped past this."""
+
+
+class _DispatchState(_threading.local):
+  """Per thread: [number of GDA leaves flattened, {id(array): [n, refcount, count]}]."""
+
+  def __init__(self):
+    self.s = [0, {}]
+
+
+_dispatch_state = _DispatchState()
+
+
+def dispatch_key(gda: Any) -> Any:
+  """The static field jit's C++ dispatch reads from a GDA (see above)."""
+  off = gda._dispatch_off
+  if off is not None:  # uninstalled: a key no warm entry has
+    return off
+  arr = gda._arr
+  if arr.is_deleted():
+    return object()  # never cached: the Python path raises the clear error
+  s = _dispatch_state.s
+  n = s[0] = s[0] + 1
+  rc = _getrefcount(arr)
+  seen = s[1]
+  e = seen.get(id(arr))
+  if e is None:
+    seen[id(arr)] = [n, rc, 1]
+    if len(seen) > _SEEN_LIMIT:
+      cut = n - _SEEN_LIMIT // 2
+      s[1] = {k: v for k, v in seen.items() if v[0] > cut}
+    return None
+  if rc == e[1] + e[2]:  # every earlier occurrence is still held: this call
+    distance = n - e[0]
+    e[0] = n
+    e[2] += 1
+    return distance
+  e[0] = n
+  e[1] = rc
+  e[2] = 1
+  return None

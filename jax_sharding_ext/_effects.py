@@ -28,17 +28,16 @@ between threads.
   token, with the sharding `io_callback` uses. Under multi-device `jit` that
   is MAXIMAL on the first device: the callback runs once per program point
   and sees the global value. Inside a fully manual `shard_map` it is MANUAL:
-  the callback runs once per device with that device's local value. Every
-  other case goes to the stock rule unchanged (one device, unordered
-  callbacks, `shard_map` with some axes automatic: JAX lowers that to a
-  manual `shard_map` that reaches the wrapper again).
+  the callback runs once per device with that device's local value. One
+  device, unordered callbacks and `pmap` go to the stock rule unchanged.
 * `sharded_callback(fn, x)` is a debug callback whose lowering knows the
-  sharding of `x` (given, or written in the IR for a `jit` argument or a
-  `with_sharding_constraint` result) and lowers to a `shard_map` over that
-  sharding's mesh, so `fn` runs once per shard on the device holding it,
-  threaded on the same token as ordered prints. `debug_callback_p` is added
-  to `dispatch.prim_requires_devices_during_lowering` so the lowering knows
-  the devices.
+  sharding of `x` (given, or written in the IR: a `jit` argument, a
+  `with_sharding_constraint` result, a value under explicit sharding) and
+  lowers to a `shard_map` over that sharding's mesh, so `fn` runs once per
+  shard on the device holding it, threaded on the same token as ordered
+  prints. `debug_callback_p` is added to
+  `dispatch.prim_requires_devices_during_lowering` so the lowering knows the
+  devices.
 * `declare_effect` / `mark_shardable` add user effect types to JAX's
   effect-type sets; these memberships are undone by `uninstall()` too.
 * `dispatch.runtime_tokens` (a `threading.local`) is replaced by a subclass
@@ -46,12 +45,15 @@ between threads.
   waits for the effects dispatched by *every* thread, not only the caller's.
 
 **What it does not do.** It does not order effects across devices at one
-program point, nor effects of different types against each other. A
+program point, nor effects of different types against each other. Two
+combinations on which XLA aborts the process raise `ValueError` instead: a
 partitioned ordered callback (`jax.debug.callback(..., ordered=True,
-partitioned=True)`) under multi-device `jit` raises `ValueError`: XLA aborts
-the process when a partitioned callback carries a token. Your own primitive
-with a declared shardable effect must give its side-effecting op a sharding
-in its lowering; declaring the effect only lets it past `pxla`'s check.
+partitioned=True)`) under multi-device `jit`, and an ordered print inside
+nested manual computations: a `shard_map` inside another, or one that leaves
+some mesh axes automatic (`axis_names=`), which JAX lowers to nested manual
+computations (stock `io_callback(ordered=True)` aborts there too). Your own primitive with a declared shardable effect must give its
+side-effecting op a sharding in its lowering; declaring the effect only lets
+it past `pxla`'s check.
 """
 
 from __future__ import annotations
@@ -94,6 +96,21 @@ def _partitioned_error(ctx) -> str:
       "(runs once per shard, in order), or call it inside `shard_map`.")
 
 
+def _nested_manual_error(ctx, kind: str) -> str:
+  if kind == "partial":
+    auto = ", ".join(repr(a) for a in _compat.auto_axes_in_shard_map(ctx))
+    where = f"a `shard_map` that leaves mesh axes {auto} automatic"
+    fix = "make every mesh axis manual (drop `axis_names=`)"
+  else:
+    where = "a `shard_map` nested in another `shard_map`"
+    fix = "make all axes manual in one `shard_map`"
+  return (
+      f"An ordered `jax.debug.print` / `jax.debug.callback` inside {where} can't "
+      "be lowered: XLA aborts on an ordering token inside nested manual "
+      "computations (stock `io_callback(ordered=True)` fails there too). To fix, "
+      f"{fix}, move the print out of the inner `shard_map`, or pass `ordered=False`.")
+
+
 def _make_lowering(prim: Any, effect_of: Callable[[dict], Any]):
   """The wrapper around `prim`'s stock lowering rule (see the module docstring)."""
 
@@ -103,8 +120,10 @@ def _make_lowering(prim: Any, effect_of: Callable[[dict], Any]):
         return _lower_sharded_callback(ctx, *args, **params)
       effect = effect_of(params)
       kind = _compat.axis_context_kind(ctx)
-      if kind not in ("auto", "manual") or not _compat.is_ordered_effect(effect):
+      if not _compat.is_ordered_effect(effect) or kind in ("single", "other"):
         return prev_rule(ctx, *args, **params)
+      if kind in ("partial", "nested"):
+        raise ValueError(_nested_manual_error(ctx, kind))
       partitioned = bool(params.get("partitioned", False))
       if partitioned and kind == "auto":
         raise ValueError(_partitioned_error(ctx))
@@ -181,7 +200,8 @@ def _resolve_mesh_and_spec(ctx, x, callback: _ShardedCallback, device_assignment
           f"{tuple(aval.shape)}, dtype {aval.dtype}) in a computation over "
           f"{len(device_assignment)} devices: it is neither a `jit` argument "
           "nor a `with_sharding_constraint` result, so XLA picks its sharding "
-          "later. Pass `sharding=NamedSharding(mesh, spec)`.")
+          "later. Pass `sharding=NamedSharding(mesh, spec)`, or constrain it "
+          "with `jax.lax.with_sharding_constraint`.")
     devices, names, spec = found
     return _mesh_of(devices, names), PartitionSpec(*spec)
   if isinstance(sharding, SingleDeviceSharding):
@@ -197,10 +217,25 @@ def _resolve_mesh_and_spec(ctx, x, callback: _ShardedCallback, device_assignment
   return mesh, spec
 
 
+def _with_context_axis_types(mesh: Mesh) -> Mesh:
+  """`mesh`, with the axis types of the context mesh if it is the same mesh.
+
+  `shard_map` insists that its mesh equals the context mesh (`jax.set_mesh`,
+  explicit sharding), axis types included; a mesh rebuilt from the IR has
+  `Auto` axes.
+  """
+  context = jax.sharding.get_abstract_mesh()
+  if (context is None or context.empty or context.axis_names != mesh.axis_names
+      or tuple(context.axis_sizes) != tuple(mesh.axis_sizes)
+      or tuple(context.axis_types) == tuple(mesh.axis_types)):
+    return mesh
+  return Mesh(mesh.devices, mesh.axis_names, axis_types=context.axis_types)
+
+
 def _lower_sharded_callback(ctx, x, *, callback, effect, partitioned):
   del partitioned
   kind = _compat.axis_context_kind(ctx)
-  if kind in ("manual", "partial"):
+  if kind in ("manual", "partial", "nested"):
     raise ValueError(
         "`sharded_callback` was called inside `shard_map`, where values are "
         "already per device. Use `jax.debug.callback(fn, x, ordered=True)` there "
@@ -222,8 +257,8 @@ def _lower_sharded_callback(ctx, x, *, callback, effect, partitioned):
     return []
 
   def staged(x_global):
-    jax.shard_map(body, mesh=mesh, in_specs=(spec,), out_specs=[],
-                  check_vma=False)(x_global)
+    jax.shard_map(body, mesh=_with_context_axis_types(mesh), in_specs=(spec,),
+                  out_specs=[], check_vma=False)(x_global)
     return []
 
   return _compat.lower_fun_multiple_results(staged)(ctx, x)
@@ -249,12 +284,14 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
   visited once per device holding a copy. With `ordered=True` the calls of a
   device happen in program order with every other ordered print and callback
   (`jax.debug.print(..., ordered=True)` shares the token); calls of different
-  devices at one program point are unordered.
+  devices at one program point are unordered, and may run at the same time
+  on different threads.
 
   Inside `jax.jit` the call is staged (no `shard_map` needed). The shards are
   those of `sharding` if given (the value is resharded to it), else those of
-  `x` when they are known while lowering: a `jit` argument or the result of
-  `jax.lax.with_sharding_constraint`. Eagerly, on a `jax.Array` or
+  `x` when they are known while lowering: a `jit` argument, the result of
+  `jax.lax.with_sharding_constraint`, or any value under explicit sharding
+  (`jax.set_mesh` with `AxisType.Explicit` axes). Eagerly, on a `jax.Array` or
   `GlobalDeviceArray`, it waits for the ordered effects already dispatched by
   this thread and then calls `fn` on the host for each addressable shard.
 
@@ -273,6 +310,7 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
     TypeError: `fn` is not callable, `ordered` is not a bool, or `sharding` is
       not a supported sharding.
     ValueError: the shards of `x` cannot be known; pass `sharding=`.
+    RuntimeError: jax_sharding_ext is uninstalled.
 
   Example:
     >>> @jax.jit
@@ -280,6 +318,10 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
     ...   sharded_callback(lambda d, i, dev: print(dev.id, i, d.sum()), x)
     ...   return x * 2
   """
+  if not _active:
+    raise RuntimeError(
+        "`sharded_callback` needs jax_sharding_ext installed, but it was "
+        "uninstalled. Call `jax_sharding_ext.install()` first.")
   if not callable(fn):
     raise TypeError(
         f"`sharded_callback(fn, x)` needs a callable `fn(data, index, device)`, "
@@ -602,33 +644,41 @@ def mark_shardable(effect_type: type) -> type:
 # ---------------------------------------------------------------------------
 
 
-class _ClearCachesOnRevert:
-  """On `uninstall()`, drop executables compiled with this module's lowerings.
+class _Activation:
+  """Marks this module active; on `uninstall()` drops what was compiled with it.
 
-  Without this a `jit` function compiled while installed would keep running
-  its cached executable after `uninstall()`, instead of raising stock JAX's
-  error when traced again. `jax.clear_caches()` is public and initialises no
-  backend.
+  Without `jax.clear_caches()` a `jit` function compiled while installed would
+  keep running its cached executable (or reuse its cached lowering) after
+  `uninstall()`, instead of raising stock JAX's error. It is public and
+  initialises no backend.
   """
 
-  name = "jax.clear_caches on uninstall"
+  name = "jax_sharding_ext effects active"
 
   def __init__(self):
     self.applied = False
 
   def apply(self) -> None:
+    global _active
+    _active = True
     self.applied = True
 
   def revert(self) -> None:
+    global _active
     if self.applied:
+      _active = False
       jax.clear_caches()
     self.applied = False
+
+
+_active = False
+"""True between `install()` and `uninstall()`."""
 
 
 def table_edits() -> list:
   """Every edit this module makes to JAX, in the order `install()` applies them."""
   edits: list = [
-      _ClearCachesOnRevert(),
+      _Activation(),
       _compat.EffectTypeSetEdit("shardable_ordered_effects", _compat.OrderedDebugEffect),
       # `sharded_callback` needs the devices while lowering (as io_callback_p).
       _compat.SetMemberEdit("prim_requires_devices_during_lowering",

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from jax_sharding_ext import _compat, _transfer
+from jax_sharding_ext import _compat, _donation, _transfer
 from jax_sharding_ext._shard_math import (
   Index,
   MeshAxes,
@@ -201,7 +201,10 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
   # A GDA is always committed to its devices (read by `jax.jit`).
   _committed = True
   # Static field of the dispatch-registry node: part of jit's C++ cache key.
-  _dispatch_key = None
+  # Computed per call so that donated / twice-passed GDAs miss the C++ cache
+  # (`_donation.dispatch_key`); `_dispatch_off` is set while uninstalled.
+  _dispatch_off = None
+  _dispatch_key = property(_donation.dispatch_key)
 
   def __init__(self, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
                device_buffers: Sequence[jax.Array]):
@@ -551,4 +554,5 @@ def _gda_shard_arg(xs, shardings, layouts, copy_semantics):
 
 
 def _gda_constant_handler(x: GlobalDeviceArray, aval):
-  return _compat.array_constant_handler(x._checked_array("embed it as a constant"), aval)
+  # Embedding fetches the value to the host: an implicit transfer.
+  return _transfer.embed_constant(x, aval)

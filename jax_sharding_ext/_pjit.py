@@ -314,42 +314,78 @@ def pjit(fun: Callable,
         cache.move_to_end(key)
       return f
 
-  def build(key, in_res, out_res):
+  def build(key, in_res, out_res, static_kw):
     kw = dict(jit_kwargs)
     if in_res is not _UNSPECIFIED:
       kw["in_shardings"] = in_res
     if out_res is not _UNSPECIFIED:
       kw["out_shardings"] = out_res
-    f = jax.jit(fun, **kw)
+    target = fun
+    if static_kw:
+      # `jax.jit` refuses keyword arguments, static ones included, once
+      # `in_shardings` is given (jax 0.10.2); bind them here instead. Static
+      # values are hashable and part of the cache key, as in jit's own cache.
+      target = functools.partial(fun, **dict(static_kw))
+      rest = tuple(n for n in static_names if n not in dict(static_kw))
+      if rest:
+        kw["static_argnames"] = rest
+      else:
+        kw.pop("static_argnames", None)
+    f = jax.jit(target, **kw)
     with lock:
       f = cache.setdefault(key, f)
       while len(cache) > _CACHE_SIZE:
         cache.popitem(last=False)
     return f
 
-  def prepare(args):
+  def split_kwargs(kwargs):
+    if not (kwargs and in_given):
+      return (), kwargs
+    dynamic = sorted(k for k in kwargs if k not in static_names)
+    if dynamic:
+      raise ValueError(
+          f"`pjit` with `{in_name}` matches specs to positional arguments, so "
+          f"non-static keyword arguments are not supported; got {dynamic}. Pass "
+          "them positionally, or list them in `static_argnames`.")
+    static_kw = tuple(sorted(kwargs.items()))
+    try:
+      hash(static_kw)
+    except TypeError:
+      raise TypeError(
+          f"Static keyword arguments of `pjit` must be hashable, got {kwargs!r}.") from None
+    return static_kw, {}
+
+  def prepare(args, kwargs):
+    static_kw, kwargs = split_kwargs(kwargs)
     mesh = _compat.context_mesh() if needs_mesh else None
     if not has_from_gda:  # the resolution depends on the mesh only
-      key = (mesh,)
+      key = (mesh, static_kw)
       f = cached(key)
-      return f if f is not None else build(key, resolve_in(mesh, args), resolve_out(mesh))
+      if f is None:
+        f = build(key, resolve_in(mesh, args), resolve_out(mesh), static_kw)
+      return f, kwargs
     in_res = resolve_in(mesh, args)
     leaves, treedef = jax.tree_util.tree_flatten(in_res, is_leaf=lambda x: x is None)
-    key = (mesh, treedef, tuple(leaves))
+    key = (mesh, static_kw, treedef, tuple(leaves))
     f = cached(key)
-    return f if f is not None else build(key, in_res, resolve_out(mesh))
+    if f is None:
+      f = build(key, in_res, resolve_out(mesh), static_kw)
+    return f, kwargs
 
   @functools.wraps(fun)
   def wrapped(*args, **kwargs):
-    return prepare(args)(*args, **kwargs)
+    f, kwargs = prepare(args, kwargs)
+    return f(*args, **kwargs)
 
   def lower(*args, **kwargs):
     """Lower for these arguments (`jax.jit(...).lower`) under the context mesh."""
-    return prepare(args).lower(*args, **kwargs)
+    f, kwargs = prepare(args, kwargs)
+    return f.lower(*args, **kwargs)
 
   def trace(*args, **kwargs):
     """Trace for these arguments (`jax.jit(...).trace`) under the context mesh."""
-    return prepare(args).trace(*args, **kwargs)
+    f, kwargs = prepare(args, kwargs)
+    return f.trace(*args, **kwargs)
 
   wrapped.lower = lower  # type: ignore[attr-defined]
   wrapped.trace = trace  # type: ignore[attr-defined]

@@ -11,7 +11,9 @@ Every transfer a `GlobalDeviceArray` makes goes through a function here:
   device_to_device when it reshards) and by `jax.device_put` (explicit;
   device_to_device when it reshards or copies);
 * `to_host` / `start_host_copy`: `np.asarray(gda)` / `gda.copy_to_host_async()`
-  (implicit) and `jax.device_get(gda)` (explicit), device_to_host.
+  (implicit) and `jax.device_get(gda)` (explicit), device_to_host;
+* `embed_constant`: a GDA closed over by a jitted function is fetched and
+  embedded as a constant (implicit, device_to_host).
 
 `from_jax_array` / `to_jax_array` hand the same device buffers over and are
 not transfers, so they do not come through here; neither does
@@ -51,6 +53,7 @@ Ledger. With a `transfer_ledger()` open on this thread, each transfer that
 completes adds one `TransferRecord` (see `_ledger.py`); with none open the
 cost is one module-global read.
 """
+
 from __future__ import annotations
 
 import logging
@@ -144,6 +147,18 @@ def start_host_copy(gda) -> None:
     _fetch(gda, arr, arr.copy_to_host_async)
 
 
+def embed_constant(gda, aval):
+  """A GDA closed over by a jitted function: fetched to the host and embedded.
+
+  Stock JAX's constant handler reads the array's value, an implicit
+  device_to_host transfer (jaxlib guards it for a `jax.Array` too).
+  """
+  arr = gda._checked_array("embed it as a constant")
+  if gda._host_fetched or not arr.is_fully_addressable:
+    return _compat.array_constant_handler(arr, aval)
+  return _fetch(gda, arr, lambda: _compat.array_constant_handler(arr, aval))
+
+
 # ---------------------------------------------------------------------------
 # Classification, guard decision, logging, recording.
 # ---------------------------------------------------------------------------
@@ -160,8 +175,8 @@ _ACTIONS: dict[str, tuple[str, str]] = {
     "disallow_explicit": ("disallow", "disallow"),
 }
 
-_SKIP_PREFIXES = tuple(os.path.dirname(m.__file__) + os.sep for m in (
-    sys.modules[__name__.rpartition(".")[0]], jax, jaxlib))
+_SKIP_PREFIXES = tuple(os.path.dirname(f) + os.sep for f in (__file__, jax.__file__,
+                                                              jaxlib.__file__))
 """Frames in these directories are not the user's call site."""
 
 
@@ -215,32 +230,36 @@ def _record(moves) -> None:
         dtype=m.dtype, src=m.src, dst=m.dst, site=_site_text(frame)))
 
 
-def _moving_args(arrays, shardings, layouts, copy_semantics) -> list[int]:
+def _moving_args(arrays, shardings, layouts, copy_semantics) -> list[int] | None:
   """Indices of the arguments whose buffers `_array_shard_arg` would copy.
 
-  Mirrors stock: same placement (`_sharding_indices_and_eq`) and layout with
-  `REUSE_INPUT` hands the buffers over; anything else copies, and jaxlib
-  guards it as device_to_device (even a copy onto the same devices).
+  Mirrors stock: same placement (`_sharding_indices_and_eq`, same device
+  order) and layout with `REUSE_INPUT` hands the buffers over; anything else
+  copies, and jaxlib guards it as device_to_device (even a copy onto the same
+  devices). Returns None when nothing moves (the common `jax.jit` case, kept
+  to a few attribute reads per argument).
   """
-  moving = []
+  moving = None
   reuse = _compat.REUSE_INPUT
-  for i, (a, s, layout, cs) in enumerate(zip(arrays, shardings, layouts, copy_semantics,
-                                              strict=True)):
+  for i in range(len(arrays)):
+    a, s, layout, cs = arrays[i], shardings[i], layouts[i], copy_semantics[i]
     src = a.sharding
-    if cs == reuse and layout is None and (src is s or src == s):
+    if cs is reuse and layout is None and (src is s or src == s):
       continue
     if not a.is_fully_addressable:
       continue  # cannot move; stock raises its own NotImplementedError
-    if (cs != reuse
+    if (cs is not reuse
         or (layout is not None and a.format.layout != layout)
         or not _compat.same_shard_placement(src, s, a.shape)):
+      if moving is None:
+        moving = []
       moving.append(i)
   return moving
 
 
 def _reshard(arrays, shardings, layouts, copy_semantics, moving):
-  explicit = _compat.in_explicit_device_put()
-  action = guard_action(D2D, explicit)
+  level, explicit = _compat.transfer_guard_query(D2D, "explicit_device_put")
+  action = _ACTIONS[level][explicit]
   recording = _ledger._open_count
   moves = []
   if action != "allow" or recording:
@@ -269,8 +288,8 @@ def _reshard(arrays, shardings, layouts, copy_semantics, moving):
 
 def _fetch(gda, arr, move):
   """Judge, run and record `move`, the fetch of `gda`'s value to the host."""
-  explicit = _compat.in_explicit_device_get()
-  action = guard_action(D2H, explicit)
+  level, explicit = _compat.transfer_guard_query(D2H, "explicit_device_get")
+  action = _ACTIONS[level][explicit]
   # Stock rule: fetching from CPU devices is always allowed (jaxlib skips the
   # guard for CPU buffers), so no level applies there.
   if action != "allow" and _fetch_always_allowed(arr):

@@ -210,6 +210,12 @@ def _d2h_copy_to_host_async(mesh):
   return run, lambda out: np.testing.assert_array_equal(np.asarray(out), DATA), 1
 
 
+def _d2h_jit_closure(mesh):
+  g = _gda(mesh)
+  f = jax.jit(lambda: jax.numpy.multiply(g, 2))  # the closed-over GDA becomes a constant
+  return f, lambda out: np.testing.assert_array_equal(np.asarray(out), DATA * 2), 1
+
+
 _ROWS = [
     # (name, direction, explicit, setup)
     ("h2d_from_callback", "host_to_device", True, _h2d_from_callback),
@@ -228,6 +234,7 @@ _ROWS = [
     ("d2h_array_method", "device_to_host", False, _d2h_array_method),
     ("d2h_np_add", "device_to_host", False, _d2h_np_add),
     ("d2h_copy_to_host_async", "device_to_host", False, _d2h_copy_to_host_async),
+    ("d2h_jit_closure", "device_to_host", False, _d2h_jit_closure),
 ]
 # No GDA operation makes an implicit host_to_device transfer: the only host
 # data a GDA takes in comes through the (explicit) `from_callback` family.
@@ -332,6 +339,22 @@ def test_disallowed_leaves_arrays_intact(mesh_2d, accelerator_fetch):
   with jse.transfer_ledger() as ledger:
     np.testing.assert_array_equal(np.asarray(g), DATA)
   assert len(ledger.records) == 1  # the first real fetch, not an earlier blocked one
+
+
+@pytest.mark.parametrize("level", ["log", "log_explicit"])
+def test_logged_once_by_this_package_not_again_by_jaxlib(level, mesh_2d, guard_logs, capfd):
+  """jaxlib would judge the inner steps itself (differently); it stays quiet."""
+  g = _gda(mesh_2d)
+  rev = NamedSharding(_reversed(mesh_2d), P("x", "y"))
+  capfd.readouterr()
+  with jax.transfer_guard(level):
+    _gda(mesh_2d)  # explicit host_to_device (jaxlib alone would call it implicit)
+    jax.device_put(g, NamedSharding(mesh_2d, P("x")))  # jaxlib: host_to_device on CPU
+    _jit_to(rev)(g)  # implicit device_to_device
+  err = capfd.readouterr().err
+  assert "transfer:" not in err, err  # no "guard_lib.cc] ... transfer: ..." lines
+  expected = 3 if level == "log_explicit" else 1
+  assert len(guard_logs()) == expected, [r.getMessage() for r in guard_logs()]
 
 
 def test_from_callback_disallowed_creates_nothing(mesh_2d, devices):

@@ -1,0 +1,124 @@
+"""Cost of transfer-guard checks and of the (inactive) transfer ledger.
+
+Target (issue 4): under 2 us added per operation.
+
+* guard check: what `_transfer` adds to one GDA implicit transfer, with the
+  move itself replaced by a no-op (the precise number), and the one check
+  an inactive ledger costs.
+* implicit fetch end to end: `np.asarray(x)` of a fresh array (the first
+  fetch is the transfer; later ones read the host copy), GDA vs jax.Array.
+  Every call gets its own never-fetched array, built before timing.
+* an open ledger on the same fetch, for reference.
+* shard_args: the Python-path argument handler with a matching sharding (not
+  a transfer), GDA vs jax.Array's own handler.
+
+Run: .venv/bin/python benchmarks/bench_transfer_guard.py
+"""
+
+import _common  # first: sets XLA_FLAGS before JAX starts
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_sharding_ext as jse
+from jax_sharding_ext import _compat, _ledger, _transfer
+
+
+def _fresh_arrays(mesh, shape, count):
+  """`count` distinct, never-fetched arrays (jit outputs carry no host copy)."""
+  sharding = NamedSharding(mesh, P("x", "y"))
+  make = jax.jit(lambda i: jax.numpy.full(shape, i, np.float32), out_shardings=sharding)
+  out = [make(i) for i in range(count)]
+  jax.block_until_ready(out)
+  return out
+
+
+def _fetch_each(arrays):
+  it = iter(arrays)
+  return lambda: np.asarray(next(it))
+
+
+def run(n: int = 2000, warmup: int = 100) -> list[dict]:
+  rows = []
+  devs = jax.devices()
+  noop = lambda: None
+
+  # 1. What the guard adds to one GDA implicit transfer: `_transfer._fetch`
+  #    with the move itself replaced by a no-op (decision + CPU rule + ledger
+  #    check + bookkeeping). A jax.Array pays its check inside jaxlib's C++.
+  mesh = Mesh(np.array(devs).reshape(4, 2), ("x", "y"))
+  gda = jse.GlobalDeviceArray.from_jax_array(_fresh_arrays(mesh, (8, 2), 1)[0])
+  arr = gda.to_jax_array()
+  res = _common.interleaved({
+      "no-op move": noop,
+      "guard check + no-op move": lambda: _transfer._fetch(gda, arr, noop),
+      "inactive ledger check": lambda: _ledger._open_count != 0,
+  }, n=20000, warmup=1000)
+  rows += _common.report("guard check on a GDA implicit fetch, move excluded", res,
+                         "no-op move")
+  added = res["guard check + no-op move"] - res["no-op move"]
+  print(f"  added per operation by the guard check: {added * 1e6:.2f} us "
+        f"(inactive ledger check: {(res['inactive ledger check'] - res['no-op move']) * 1e6:.2f} us)")
+
+  # 2. End to end: `np.asarray` of a fresh (never fetched) array, GDA vs
+  #    jax.Array, on 1 device (cheap transfer, so small differences show) and
+  #    on 8 devices.
+  for n_dev, mesh_shape, shape in ((1, (1, 1), (8, 2)), (8, (4, 2), (8, 2)),
+                                   (8, (4, 2), (512, 256))):
+    mesh = Mesh(np.array(devs[:n_dev]).reshape(mesh_shape), ("x", "y"))
+    count = n + warmup
+    plain = _fresh_arrays(mesh, shape, count)
+    gdas = [jse.GlobalDeviceArray.from_jax_array(a) for a in _fresh_arrays(mesh, shape, count)]
+    res = _common.interleaved({
+        "jax.Array np.asarray": _fetch_each(plain),
+        "GlobalDeviceArray np.asarray": _fetch_each(gdas),
+    }, n=n, warmup=warmup)
+    rows += _common.report(
+        f"implicit fetch of a fresh {shape} float32 array, {n_dev} device(s)", res,
+        "jax.Array np.asarray")
+    added = res["GlobalDeviceArray np.asarray"] - res["jax.Array np.asarray"]
+    print(f"  added per operation (whole GDA path): {added * 1e6:.2f} us")
+
+  # 3. An open ledger on the same fetch (enter + record + exit), for reference.
+  mesh = Mesh(np.array(devs[:1]).reshape(1, 1), ("x", "y"))
+  count = n + warmup
+  idle = [jse.GlobalDeviceArray.from_jax_array(a) for a in _fresh_arrays(mesh, (8, 2), count)]
+  busy = [jse.GlobalDeviceArray.from_jax_array(a) for a in _fresh_arrays(mesh, (8, 2), count)]
+  fetch_idle, fetch_busy = _fetch_each(idle), _fetch_each(busy)
+  ledgers = []
+
+  def fetch_in_ledger():
+    with jse.transfer_ledger() as ledger:
+      fetch_busy()
+    ledgers.append(ledger)
+
+  res = _common.interleaved({
+      "GDA fetch, no ledger open": fetch_idle,
+      "GDA fetch in its own ledger": fetch_in_ledger,
+  }, n=n, warmup=warmup)
+  rows += _common.report("ledger on a GDA implicit fetch, (8, 2), 1 device", res,
+                         "GDA fetch, no ledger open")
+  assert all(len(ledger.records) == 1 for ledger in ledgers)
+
+  # 4. Python-path argument handling with a matching sharding (not a
+  #    transfer): GDA handler vs jax.Array's own. Includes the donation check
+  #    that shares this handler.
+  mesh = Mesh(np.array(devs).reshape(4, 2), ("x", "y"))
+  arr = _fresh_arrays(mesh, (8, 2), 1)[0]
+  gda = jse.GlobalDeviceArray.from_jax_array(arr)
+  s, reuse = arr.sharding, _compat.REUSE_INPUT
+  arrs, gdas, ss, nones, cs = [arr], [gda], [s], [None], [reuse]
+  res = _common.interleaved({
+      "jax.Array shard_arg": lambda: _compat.array_shard_arg(arrs, ss, nones, cs),
+      "GDA shard_args": lambda: _transfer.shard_args(gdas, ss, nones, cs),
+      "GDA transfer test alone": lambda: _transfer._moving_args(arrs, ss, nones, cs),
+  }, n=n, warmup=warmup)
+  rows += _common.report("shard_args, matching sharding, 8 devices (no transfer)", res,
+                         "jax.Array shard_arg")
+  return rows
+
+
+if __name__ == "__main__":
+  _common.print_environment()
+  run()

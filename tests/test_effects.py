@@ -1,0 +1,714 @@
+"""Ordered shardable effects: prints, callbacks, declared effects, sharded_callback.
+
+Output printed by callbacks is read at the file-descriptor level (`capfd`)
+after a barrier. Across devices at one program point the order is
+unspecified, so per-device checks group events by device first.
+"""
+
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_sharding_ext as jse
+from jax_sharding_ext import _compat, _effects
+
+STOCK_ERROR = "ordered effects are not supported for more than 1 device"
+
+
+def _put(mesh, spec, shape=(8, 8)):
+  data = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+  return jax.device_put(data, NamedSharding(mesh, spec)), data
+
+
+def _lines(capfd):
+  jse.effects_barrier()
+  return [line for line in capfd.readouterr().out.splitlines() if line]
+
+
+def _two_prints(x):
+  jax.debug.print("first {s}", s=x.sum(), ordered=True)
+  jax.debug.print("second {s}", s=(x * 2).sum(), ordered=True)
+  return x + 1
+
+
+# ---------------------------------------------------------------------------
+# jax.debug.print / jax.debug.callback under multi-device jit
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 8])
+def test_ordered_print_jit_runs_once_per_program_point(mesh_factory, capfd, n):
+  mesh = mesh_factory((n,), ("x",))
+  x, data = _put(mesh, P("x"))
+  f = jax.jit(_two_prints)
+  for _ in range(3):
+    out = f(x)
+  np.testing.assert_array_equal(np.asarray(out), data + 1)
+  s = data.sum()
+  assert _lines(capfd) == [f"first {s}", f"second {2 * s}"] * 3
+
+
+def test_issue_example_2d_mesh(mesh_2d, capfd):
+  x, data = _put(mesh_2d, P("x", "y"))
+  out = jax.jit(_two_prints)(x)
+  assert out.sharding.is_equivalent_to(x.sharding, 2)
+  assert _lines(capfd) == ["first 2016.0", "second 4032.0"]
+
+
+def test_ordered_callback_jit_sees_global_value(mesh_2d):
+  x, data = _put(mesh_2d, P("x", "y"))
+  seen = []
+
+  @jax.jit
+  def f(x):
+    jax.debug.callback(lambda v: seen.append(("a", np.asarray(v))), x, ordered=True)
+    jax.debug.callback(lambda v: seen.append(("b", np.asarray(v))), x * 3, ordered=True)
+    return x
+
+  f(x)
+  f(x)
+  jse.effects_barrier()
+  assert [tag for tag, _ in seen] == ["a", "b", "a", "b"]
+  for tag, value in seen:
+    np.testing.assert_array_equal(value, data if tag == "a" else data * 3)
+
+
+def test_ordered_effects_order_across_calls_and_functions(mesh_1d, capfd):
+  x, _ = _put(mesh_1d, P("x"))
+  f = jax.jit(lambda x, i: jax.debug.print("f {i}", i=i, ordered=True) or x)
+  g = jax.jit(lambda x, i: jax.debug.print("g {i}", i=i, ordered=True) or x)
+  for i in range(4):
+    f(x, i)
+    g(x, i)
+  assert _lines(capfd) == [line for i in range(4) for line in (f"f {i}", f"g {i}")]
+
+
+def test_unordered_print_unchanged(mesh_2d, capfd):
+  x, _ = _put(mesh_2d, P("x", "y"))
+  jax.jit(lambda x: jax.debug.print("u {s}", s=x.sum()) or x)(x)
+  assert _lines(capfd) == ["u 2016.0"]
+
+
+def test_io_callback_still_works(mesh_2d):
+  x, data = _put(mesh_2d, P("x", "y"))
+  seen = []
+  jax.jit(lambda x: io_callback(lambda v: seen.append(float(v)), None, x.sum(), ordered=True))(x)
+  jse.effects_barrier()
+  assert seen == [data.sum()]
+
+
+def test_partitioned_ordered_callback_raises_clear_error(mesh_2d):
+  x, _ = _put(mesh_2d, P("x", "y"))
+  f = jax.jit(lambda x: jax.debug.callback(print, x, ordered=True, partitioned=True))
+  with pytest.raises(ValueError, match="partitioned=False.*sharded_callback"):
+    f(x)
+
+
+# ---------------------------------------------------------------------------
+# Inside shard_map: once per device, local value, program order per device
+# ---------------------------------------------------------------------------
+
+
+def test_shard_map_print_per_device_program_order(mesh_2d, capfd):
+  x, data = _put(mesh_2d, P("x", "y"))
+
+  def body(v, call):
+    i, j = jax.lax.axis_index("x"), jax.lax.axis_index("y")
+    for k in range(3):
+      jax.debug.print("dev {i} {j} call {c} step {k} sum {s}", i=i, j=j, c=call, k=k,
+                      s=v.sum() * (k + 1), ordered=True)
+    return v
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh_2d, in_specs=(P("x", "y"), P()),
+                            out_specs=P("x", "y")))
+  for call in range(3):
+    f(x, call)
+  per_device: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
+  for line in _lines(capfd):
+    _, i, j, _, c, _, k, _, s = line.split()
+    per_device.setdefault((int(i), int(j)), []).append((int(c), int(k), float(s)))
+  assert len(per_device) == 8
+  for (i, j), events in per_device.items():
+    local = data[2 * i:2 * i + 2, 4 * j:4 * j + 4].sum()
+    assert events == [(c, k, local * (k + 1)) for c in range(3) for k in range(3)]
+
+
+def test_shard_map_callback_gets_local_values(mesh_2d):
+  x, data = _put(mesh_2d, P("x", "y"))
+  seen = []
+
+  def body(v):
+    pos = (jax.lax.axis_index("x"), jax.lax.axis_index("y"))
+    jax.debug.callback(lambda p, a: seen.append((tuple(map(int, p)), np.asarray(a))), pos, v,
+                       ordered=True)
+    return v
+
+  jax.jit(jax.shard_map(body, mesh=mesh_2d, in_specs=P("x", "y"), out_specs=P("x", "y")))(x)
+  jse.effects_barrier()
+  assert sorted(p for p, _ in seen) == [(i, j) for i in range(4) for j in range(2)]
+  for (i, j), local in seen:
+    np.testing.assert_array_equal(local, data[2 * i:2 * i + 2, 4 * j:4 * j + 4])
+
+
+def test_shard_map_partial_auto_ordered_raises_clear_error(mesh_2d):
+  x, _ = _put(mesh_2d, P("x", "y"))
+
+  def body(v):
+    jax.debug.print("{s}", s=v.sum(), ordered=True)
+    return v
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh_2d, in_specs=P("x"), out_specs=P("x"),
+                            axis_names={"x"}))
+  with pytest.raises(ValueError, match="drop `axis_names=`"):
+    f(x)
+
+
+def test_nested_shard_map_ordered_raises_clear_error(mesh_2d, capfd):
+  x, _ = _put(mesh_2d, P("x", "y"))
+
+  def inner(v, ordered):
+    jax.debug.print("inner {s}", s=v.sum(), ordered=ordered)
+    return v
+
+  def outer(v, ordered):
+    return jax.shard_map(lambda w: inner(w, ordered), in_specs=P(None, "y"),
+                         out_specs=P(None, "y"), axis_names={"y"})(v)
+
+  def make(ordered):
+    return jax.jit(jax.shard_map(lambda v: outer(v, ordered), mesh=mesh_2d, in_specs=P("x"),
+                                 out_specs=P("x"), axis_names={"x"}))
+
+  with pytest.raises(ValueError, match="nested in another `shard_map`"):
+    make(True)(x)
+  make(False)(x)  # unordered: stock JAX, unchanged
+  assert len(_lines(capfd)) == 8
+
+
+# ---------------------------------------------------------------------------
+# Control flow, remat, custom derivatives (8 devices; 1 device is stock JAX)
+# ---------------------------------------------------------------------------
+
+
+def _scan_fn(x):
+  def step(c, k):
+    jax.debug.print("scan {k} {s}", k=k, s=c.sum(), ordered=True)
+    return c + 1, None
+  return jax.lax.scan(step, x, jnp.arange(3))[0]
+
+
+def _while_fn(x):
+  def body(c):
+    jax.debug.print("while {i}", i=c[1], ordered=True)
+    return c[0] * 2, c[1] + 1
+  return jax.lax.while_loop(lambda c: c[1] < 3, body, (x, 0))[0]
+
+
+def _cond_fn(x):
+  return jax.lax.cond(
+      x.sum() > 0,
+      lambda v: (jax.debug.print("cond true {s}", s=v.sum(), ordered=True), v + 1)[1],
+      lambda v: (jax.debug.print("cond false", ordered=True), v - 1)[1], x)
+
+
+def _remat_grad_fn(x):
+  @jax.checkpoint
+  def inner(v):
+    jax.debug.print("remat {s}", s=v.sum(), ordered=True)
+    return jnp.sin(v).sum()
+  return jax.grad(inner)(x)
+
+
+@jax.custom_vjp
+def _cvjp(v):
+  jax.debug.print("primal {s}", s=v.sum(), ordered=True)
+  return v * 3
+
+
+def _cvjp_fwd(v):
+  jax.debug.print("fwd {s}", s=v.sum(), ordered=True)
+  return v * 3, None
+
+
+def _cvjp_bwd(_, g):
+  jax.debug.print("bwd {s}", s=g.sum(), ordered=True)
+  return (g * 3,)
+
+
+_cvjp.defvjp(_cvjp_fwd, _cvjp_bwd)
+
+
+def _custom_vjp_fn(x):
+  return jax.grad(lambda v: _cvjp(v).sum())(x) + _cvjp(x)
+
+
+@pytest.mark.parametrize("fn", [_scan_fn, _while_fn, _cond_fn, _remat_grad_fn, _custom_vjp_fn],
+                         ids=["scan", "while_loop", "cond", "checkpoint", "custom_vjp"])
+def test_control_flow_matches_single_device(mesh_factory, capfd, fn):
+  one, data = _put(mesh_factory((1,), ("x",)), P("x"))
+  many, _ = _put(mesh_factory((8,), ("x",)), P("x"))
+  f = jax.jit(fn)
+  expected_out = f(one)
+  expected = _lines(capfd)
+  assert expected  # the prints ran on one device (stock JAX path)
+  for _ in range(2):
+    out = f(many)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(expected_out), rtol=1e-6)
+  assert _lines(capfd) == expected * 2
+
+
+def test_scan_inside_shard_map_per_device_order(mesh_1d):
+  x, data = _put(mesh_1d, P("x"), shape=(8,))
+  seen = []
+
+  def body(v):
+    dev = jax.lax.axis_index("x")
+    def step(c, k):
+      jax.debug.callback(lambda d, kk, cc: seen.append((int(d), int(kk), float(cc))), dev, k,
+                         c.sum(), ordered=True)
+      return c * 2, None
+    return jax.lax.scan(step, v, jnp.arange(4))[0]
+
+  jax.jit(jax.shard_map(body, mesh=mesh_1d, in_specs=P("x"), out_specs=P("x")))(x)
+  jse.effects_barrier()
+  for d in range(8):
+    assert [(k, c) for dd, k, c in seen if dd == d] == [(k, data[d] * 2**k) for k in range(4)]
+
+
+# ---------------------------------------------------------------------------
+# sharded_callback
+# ---------------------------------------------------------------------------
+
+
+def _collector():
+  seen = {}
+  lock = threading.Lock()
+
+  def fn(data, index, device):
+    assert isinstance(data, np.ndarray)
+    with lock:
+      assert device not in seen, f"called twice on {device}"
+      seen[device] = (index, data)
+  return seen, fn
+
+
+def _assert_matches_shards(seen, arr):
+  expected = {s.device: (s.index, np.asarray(s.data)) for s in arr.addressable_shards}
+  assert seen.keys() == expected.keys()
+  for device, (index, data) in expected.items():
+    assert seen[device][0] == index
+    np.testing.assert_array_equal(seen[device][1], data)
+
+
+SPECS = [P("x", "y"), P("x"), P()]
+SPEC_IDS = ["xy", "x", "replicated"]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_sharded_callback_jit_argument(mesh_2d, spec):
+  x, _ = _put(mesh_2d, spec)
+  seen, fn = _collector()
+  jax.jit(lambda v: jse.sharded_callback(fn, v))(x)
+  jse.effects_barrier()
+  _assert_matches_shards(seen, x)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_sharded_callback_eager(mesh_2d, spec):
+  x, _ = _put(mesh_2d, spec)
+  seen, fn = _collector()
+  assert jse.sharded_callback(fn, x) is None
+  _assert_matches_shards(seen, x)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_sharded_callback_gda_eager_and_jit(mesh_2d, spec):
+  x, _ = _put(mesh_2d, spec)
+  gda = jse.GlobalDeviceArray.from_jax_array(x)
+  seen, fn = _collector()
+  jse.sharded_callback(fn, gda)
+  _assert_matches_shards(seen, x)
+  seen, fn = _collector()
+  jax.jit(lambda v: jse.sharded_callback(fn, v))(gda)
+  jse.effects_barrier()
+  _assert_matches_shards(seen, x)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_sharded_callback_with_sharding_constraint(mesh_2d, spec):
+  x, data = _put(mesh_2d, P("x", "y"))
+  target = NamedSharding(mesh_2d, spec)
+  seen, fn = _collector()
+
+  @jax.jit
+  def f(v):
+    jse.sharded_callback(fn, jax.lax.with_sharding_constraint(v * 2, target))
+    return v
+
+  f(x)
+  jse.effects_barrier()
+  _assert_matches_shards(seen, jax.device_put(data * 2, target))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_sharded_callback_explicit_sharding_on_intermediate(mesh_2d, spec):
+  x, data = _put(mesh_2d, P("x", "y"))
+  target = NamedSharding(mesh_2d, spec)
+  seen, fn = _collector()
+  jax.jit(lambda v: jse.sharded_callback(fn, jnp.sin(v), sharding=target))(x)
+  jse.effects_barrier()
+  expected = jax.device_put(np.sin(data), target)
+  assert seen.keys() == {s.device for s in expected.addressable_shards}
+  for s in expected.addressable_shards:
+    assert seen[s.device][0] == s.index
+    np.testing.assert_allclose(seen[s.device][1], np.asarray(s.data), rtol=1e-6)
+
+
+def test_sharded_callback_permuted_mesh(devices):
+  mesh = jax.sharding.Mesh(np.array(devices[::-1]).reshape(2, 4), ("a", "b"))
+  x, _ = _put(mesh, P("b", "a"))
+  seen, fn = _collector()
+  jax.jit(lambda v: jse.sharded_callback(fn, v))(x)
+  jse.effects_barrier()
+  _assert_matches_shards(seen, x)
+
+
+def test_sharded_callback_explicit_sharding_mode(devices, capfd):
+  mesh = jax.sharding.Mesh(np.array(devices).reshape(4, 2), ("x", "y"),
+                           axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  seen, fn = _collector()
+  with jax.set_mesh(mesh):
+    x = jax.device_put(np.arange(64.0, dtype=np.float32).reshape(8, 8), P("x", "y"))
+
+    @jax.jit
+    def f(v):
+      jax.debug.print("sum {s}", s=v.sum(), ordered=True)
+      jse.sharded_callback(fn, v * 2)  # an intermediate: its type carries the sharding
+      return v
+
+    f(x)
+  assert _lines(capfd) == ["sum 2016.0"]
+  _assert_matches_shards(seen, x * 2)
+
+
+def test_sharded_callback_single_device():
+  x = jnp.arange(4.0)
+  seen, fn = _collector()
+  jax.jit(lambda v: jse.sharded_callback(fn, v))(x)
+  jse.effects_barrier()
+  _assert_matches_shards(seen, x)
+
+
+def test_sharded_callback_program_order_per_device(mesh_2d):
+  x, _ = _put(mesh_2d, P("x", "y"))
+  events = []
+  lock = threading.Lock()
+
+  def record(*event):
+    with lock:
+      events.append(event)
+
+  @jax.jit
+  def f(v, call):
+    jax.debug.callback(lambda c: record("print", 0, int(c), "before"), call, ordered=True)
+    jse.sharded_callback(lambda d, i, dev: record("shard", dev.id, None, "a"), v)
+    jse.sharded_callback(lambda d, i, dev: record("shard", dev.id, None, "b"), v * 2,
+                         sharding=x.sharding)
+    jax.debug.callback(lambda c: record("print", 0, int(c), "after"), call, ordered=True)
+    return v
+
+  for call in range(3):
+    f(x, call)
+  jse.effects_barrier()
+  first = mesh_2d.devices.flat[0].id  # where the MAXIMAL prints run
+  for dev in mesh_2d.devices.flat:
+    mine = [(kind, tag) for kind, d, _, tag in events if d == dev.id]
+    per_call = [("shard", "a"), ("shard", "b")]
+    if dev.id == first:
+      per_call = [("print", "before"), *per_call, ("print", "after")]
+    assert mine == per_call * 3, dev
+  assert [c for kind, _, c, tag in events if kind == "print" and tag == "before"] == [0, 1, 2]
+
+
+def test_sharded_callback_unordered(mesh_1d):
+  x, _ = _put(mesh_1d, P("x"))
+  seen, fn = _collector()
+  jax.jit(lambda v: jse.sharded_callback(fn, v, ordered=False))(x)
+  jse.effects_barrier()
+  _assert_matches_shards(seen, x)
+
+
+def test_sharded_callback_unknown_sharding_asks_for_sharding(mesh_2d):
+  x, _ = _put(mesh_2d, P("x", "y"))
+  with pytest.raises(ValueError, match=r"Pass `sharding=NamedSharding\(mesh, spec\)`"):
+    jax.jit(lambda v: jse.sharded_callback(print, v * 2))(x)
+  with pytest.raises(ValueError, match="sharding="):
+    jse.sharded_callback(print, np.zeros(4))
+
+
+def test_sharded_callback_numpy_with_sharding(mesh_1d):
+  seen, fn = _collector()
+  target = NamedSharding(mesh_1d, P("x"))
+  jse.sharded_callback(fn, np.arange(8.0), sharding=target)
+  _assert_matches_shards(seen, jax.device_put(np.arange(8.0), target))
+
+
+def test_sharded_callback_bad_input(mesh_1d, devices):
+  x, _ = _put(mesh_1d, P("x"))
+  with pytest.raises(TypeError, match="callable `fn"):
+    jse.sharded_callback("not callable", x)
+  with pytest.raises(TypeError, match="ordered"):
+    jse.sharded_callback(print, x, ordered="yes")
+  with pytest.raises(TypeError, match="NamedSharding"):
+    jse.sharded_callback(print, x, sharding=P("x"))
+  with pytest.raises(ValueError, match="does not fit"):
+    jse.sharded_callback(print, np.zeros(3), sharding=NamedSharding(mesh_1d, P("x")))
+  other = SingleDeviceSharding(devices[3])
+  with pytest.raises(ValueError, match="computation runs on devices"):
+    jax.jit(lambda v: jse.sharded_callback(print, v, sharding=other))(x)
+
+
+def test_sharded_callback_inside_shard_map_raises(mesh_1d):
+  x, _ = _put(mesh_1d, P("x"))
+  f = jax.jit(jax.shard_map(lambda v: jse.sharded_callback(print, v) or v, mesh=mesh_1d,
+                            in_specs=P("x"), out_specs=P("x")))
+  with pytest.raises(ValueError, match="inside `shard_map`"):
+    f(x)
+
+
+def test_sharded_callback_gspmd_partitioner(mesh_2d):
+  jax.config.update("jax_use_shardy_partitioner", False)
+  try:
+    for spec in SPECS:
+      x, _ = _put(mesh_2d, spec)
+      seen, fn = _collector()
+      jax.jit(lambda v, fn=fn: jse.sharded_callback(fn, v))(x)
+      jse.effects_barrier()
+      _assert_matches_shards(seen, x)
+  finally:
+    jax.config.update("jax_use_shardy_partitioner", True)
+
+
+# ---------------------------------------------------------------------------
+# declare_effect / mark_shardable
+# ---------------------------------------------------------------------------
+
+
+def _memberships(effect_type):
+  return {name for name in _compat.EFFECT_TYPE_SET_NAMES
+          if effect_type in _compat.effect_types_in(name)}
+
+
+ALL_SETS = set(_compat.EFFECT_TYPE_SET_NAMES)
+
+
+def test_declare_effect_lands_in_exactly_the_right_tables(fresh_registry):
+  shardable = jse.declare_effect("JseTestShardableEffect", ordered=True, shardable=True)
+  plain = jse.declare_effect("JseTestPlainEffect", ordered=False, control_flow=False,
+                             remat=False)
+  assert shardable.__name__ == "JseTestShardableEffect"
+  assert issubclass(shardable, jax.extend.core.Effect)
+  assert shardable() == shardable() and hash(shardable()) == hash(shardable())
+  assert _memberships(shardable) == ALL_SETS
+  assert _memberships(plain) == {"lowerable_effects", "custom_derivatives_allowed_effects",
+                                 "partial_eval_kept_effects"}
+  jse.uninstall()
+  assert _memberships(shardable) == _memberships(plain) == set()
+  jse.install()
+  assert _memberships(shardable) == ALL_SETS
+
+
+def test_declare_effect_same_name(fresh_registry):
+  a = jse.declare_effect("JseTestRedeclared", ordered=True)
+  assert jse.declare_effect("JseTestRedeclared", ordered=True) is a
+  with pytest.raises(ValueError, match="shardable=False \\(now True\\)"):
+    jse.declare_effect("JseTestRedeclared", ordered=True, shardable=True)
+
+
+def test_declare_effect_bad_input():
+  with pytest.raises(TypeError, match="name as a string"):
+    jse.declare_effect(3, ordered=True)
+  with pytest.raises(ValueError, match="identifier"):
+    jse.declare_effect("not a name", ordered=True)
+  with pytest.raises(ValueError, match="only an ordered effect can be shardable"):
+    jse.declare_effect("JseTestBadShardable", ordered=False, shardable=True)
+  with pytest.raises(TypeError, match="remat"):
+    jse.declare_effect("JseTestBadRemat", ordered=True, remat=1)
+  with pytest.raises(TypeError):
+    jse.declare_effect("JseTestNoOrdered")  # `ordered` is required
+
+
+def test_mark_shardable(fresh_registry):
+  effect = jse.declare_effect("JseTestMarkLater", ordered=True)
+  assert "shardable_ordered_effects" not in _memberships(effect)
+  assert jse.mark_shardable(effect) is effect
+  assert "shardable_ordered_effects" in _memberships(effect)
+  jse.uninstall()
+  assert _memberships(effect) == set()
+  jse.install()
+  assert "shardable_ordered_effects" in _memberships(effect)
+
+
+def test_mark_shardable_bad_input():
+  unordered = jse.declare_effect("JseTestUnorderedMark", ordered=False)
+  with pytest.raises(ValueError, match="not ordered"):
+    jse.mark_shardable(unordered)
+  with pytest.raises(TypeError, match="effect class"):
+    jse.mark_shardable(unordered())
+  with pytest.raises(TypeError, match="effect class"):
+    jse.mark_shardable(int)
+
+
+def _effect_primitive(name, effect_type, events):
+  """A primitive carrying `effect_type` whose lowering logs (tag, value) in order."""
+  prim = Primitive(name)
+  prim.multiple_results = True
+  prim.def_effectful_abstract_eval(lambda *avals, tag: ([], {effect_type()}))
+
+  def lowering(ctx, x, *, tag):
+    effect = effect_type()
+    sharding = (_compat.callback_op_sharding(ctx)
+                if _compat.axis_context_kind(ctx) in ("auto", "manual") else None)
+
+    def callback(value):
+      events.append((tag, float(np.asarray(value))))
+      return ()
+
+    token = ctx.tokens_in.get(effect)
+    _, token, _ = mlir.emit_python_callback(
+        ctx, callback, token, [x], ctx.avals_in, ctx.avals_out, has_side_effect=True,
+        returns_token=True, sharding=sharding)
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({effect: token})))
+    return []
+
+  mlir.register_lowering(prim, lowering)
+  return prim
+
+
+def test_declared_effect_primitive_survives_dce_and_runs_in_order():
+  effect = jse.declare_effect("JseTestLogEffect", ordered=True)
+  events = []
+  prim = _effect_primitive("jse_test_log", effect, events)
+
+  @jax.jit
+  def f(x):
+    prim.bind(x.sum(), tag="a")  # result unused: only the effect keeps it
+    def step(c, _):
+      prim.bind(c, tag="loop")
+      return c + 1, None
+    jax.lax.scan(step, x.sum(), None, length=2)
+    prim.bind(x.max(), tag="b")
+    return x * 2
+
+  assert "jse_test_log" in str(jax.make_jaxpr(f)(jnp.ones(3)))
+  for i in range(3):
+    f(jnp.full(3, float(i)))
+  jse.effects_barrier()
+  assert events == [e for i in range(3) for e in
+                    [("a", 3.0 * i), ("loop", 3.0 * i), ("loop", 3.0 * i + 1), ("b", float(i))]]
+
+
+def test_declared_shardable_effect_multi_device(mesh_2d):
+  x, data = _put(mesh_2d, P("x", "y"))
+  ordered_only = jse.declare_effect("JseTestOrderedOnly", ordered=True)
+  shardable = jse.declare_effect("JseTestShardableLog", ordered=True, shardable=True)
+  prim_ordered = _effect_primitive("jse_test_ordered_only", ordered_only, [])
+  with pytest.raises(ValueError, match=STOCK_ERROR):
+    jax.jit(lambda v: prim_ordered.bind(v.sum(), tag="x") or v)(x)
+  events = []
+  prim = _effect_primitive("jse_test_shardable_log", shardable, events)
+  f = jax.jit(lambda v: [prim.bind(v.sum(), tag="a"), prim.bind(v.max(), tag="b")] and v)
+  f(x)
+  f(x)
+  jse.effects_barrier()
+  assert events == [("a", data.sum()), ("b", data.max())] * 2
+
+
+# ---------------------------------------------------------------------------
+# effects_barrier, uninstall / install, import
+# ---------------------------------------------------------------------------
+
+
+def test_effects_barrier_waits_for_current_thread(mesh_1d):
+  x, _ = _put(mesh_1d, P("x"))
+  done = []
+
+  def slow(_):
+    time.sleep(0.2)
+    done.append(1)
+
+  jax.jit(lambda v: jax.debug.callback(slow, v.sum(), ordered=True) or v)(x)
+  jse.effects_barrier()
+  assert done == [1]
+
+
+def test_effects_barrier_waits_for_other_threads(mesh_1d):
+  x, _ = _put(mesh_1d, P("x"))
+  done = []
+
+  def slow(_):
+    time.sleep(0.3)
+    done.append("ordered")
+
+  def slow_unordered(_):
+    time.sleep(0.3)
+    done.append("unordered")
+
+  f = jax.jit(lambda v: jax.debug.callback(slow, v.sum(), ordered=True) or v)
+  g = jax.jit(lambda v: jax.debug.callback(slow_unordered, v.sum()) or v)
+  f(x), g(x)  # compile here, and wait, so the thread only dispatches
+  jse.effects_barrier()
+  done.clear()
+  worker = threading.Thread(target=lambda: (f(x), g(x)))
+  worker.start()
+  worker.join()
+  jse.effects_barrier()
+  assert sorted(done) == ["ordered", "unordered"]
+
+
+def _lowering_entries():
+  return {(prim.name, platform): _compat.LoweringEdit(prim, platform, None)._table()[prim]
+          for prim in (_compat.debug_callback_p, _compat.debug_print_p)
+          for platform in _compat.lowering_platforms(prim)}
+
+
+def test_uninstall_restores_stock_behaviour_and_tables(fresh_registry, mesh_2d, capfd):
+  x, _ = _put(mesh_2d, P("x", "y"))
+  ours = _lowering_entries()
+  assert all(e.rule.__name__.startswith("jax_sharding_ext_") for e in ours.values())
+  jse.uninstall()
+  stock = _lowering_entries()
+  assert not any(e.rule.__name__.startswith("jax_sharding_ext_") for e in stock.values())
+  assert _compat.OrderedDebugEffect not in _compat.effect_types_in("shardable_ordered_effects")
+  assert _compat.debug_callback_p not in _compat.prim_requires_devices_during_lowering
+  assert not isinstance(_compat.get_runtime_tokens(), _effects._TrackedRuntimeTokens)
+  with pytest.raises(ValueError, match=STOCK_ERROR):
+    jax.jit(_two_prints)(x)
+  with pytest.raises(RuntimeError, match="install"):
+    jax.jit(lambda v: jse.sharded_callback(print, v))(x)
+  jse.install()
+  assert isinstance(_compat.get_runtime_tokens(), _effects._TrackedRuntimeTokens)
+  jax.jit(_two_prints)(x)
+  assert _lines(capfd) == ["first 2016.0", "second 4032.0"]
+  jse.uninstall()
+  again = _lowering_entries()
+  assert all(again[k] is stock[k] for k in stock)  # the very same stock entries
+  jse.install()
+  jse.install()  # idempotent
+  assert all(_lowering_entries()[k].rule.__name__ == ours[k].rule.__name__ for k in ours)
+
+
+def test_import_initialises_no_backend():
+  code = ("import jax_sharding_ext, jax_sharding_ext._compat as c; "
+          "assert not c.initialized_backends(), c.initialized_backends()")
+  subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
