@@ -329,6 +329,18 @@ del _xc  # imported only to fail early if the module moved
 #   fetched through the host and judged "host_to_device"; `from_callback`
 #   placement is not inside `explicit_device_put_scope`, so jaxlib judges it
 #   implicit) and log it a second time.
+# * The CPU rule for device_to_host (seed 000: fetching a buffer on a CPU
+#   device is always allowed). jax 0.10.2 fetches shard by shard
+#   (`_single_device_array_to_np_array_did_copy`), and jaxlib skips the guard
+#   for a CPU buffer there. jax 0.12 (jaxlib extension >= 495 with IFRT >= 71,
+#   the gate in `ArrayImpl._value` / `copy_to_host_async`) fetches a
+#   multi-device array in one batched IFRT copy (`_to_np_array_did_copy`,
+#   `_jax.batched_copy_to_host_async`), and that path guards CPU buffers like
+#   any other: stock `np.asarray` of a sharded CPU `jax.Array` raises under
+#   "disallow" in 0.12 (single-device arrays are still exempt).
+#   `JAXLIB_GUARDS_CPU_FETCH` says which behaviour this JAX has; `_transfer`
+#   keeps the seed's rule for a GDA on both by running every fetch it judged
+#   with jaxlib's guard suspended (a no-op for CPU buffers in 0.10.2).
 # * Same-placement test: `array._sharding_indices_and_eq` (with the
 #   `_fallback_check_via_indices` fallback) is how `_array_shard_arg` decides
 #   whether an argument moves (jax 0.10.2); reusing it keeps "is this a
@@ -346,6 +358,14 @@ ALWAYS_COPY = ArrayCopySemantics.ALWAYS_COPY
 
 TRANSFER_DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
 """The three directions jaxlib's guard state has, in canonical order."""
+
+from jax._src import lib as _tg_lib  # noqa: E402
+
+JAXLIB_GUARDS_CPU_FETCH: bool = (
+    getattr(_tg_lib, "jaxlib_extension_version", 0) >= 495
+    and getattr(_tg_lib, "ifrt_version", 0) >= 71)
+"""True when stock JAX guards fetching a multi-device CPU array (jax 0.12.x;
+False on jax 0.10.2, which exempts every CPU fetch). See the comment above."""
 
 _TG = _guard_lib.TransferGuardLevel
 _TG_ALLOW = _TG.ALLOW
@@ -445,6 +465,7 @@ if _fallback_check_via_indices is None:  # pragma: no cover
 
 
 __all__ += ["ArrayCopySemantics", "REUSE_INPUT", "ALWAYS_COPY", "TRANSFER_DIRECTIONS",
+            "JAXLIB_GUARDS_CPU_FETCH",
             "transfer_guard_level", "transfer_guard_query", "suspend_transfer_guards",
             "restore_transfer_guards", "sharding_platform", "same_shard_placement"]
 

@@ -39,7 +39,9 @@ disallow_explicit   raise    raise
 A disallowed transfer raises `jax.errors.JaxRuntimeError` (a `RuntimeError`,
 the type stock JAX raises) before anything moves; "log" logs a warning on the
 `jax_sharding_ext` logger whose record points at the user's call. Fetching
-from CPU devices is always allowed (stock rule). Once judged, the move runs
+from CPU devices is always allowed (seed rule; stock jaxlib applies it to
+every fetch in jax 0.10.2 but not to multi-device arrays in jax 0.12, see
+`_compat.JAXLIB_GUARDS_CPU_FETCH`). Once judged, the move runs
 with jaxlib's own guard suspended on this thread, so a transfer is judged and
 logged once, under this module's classification (jaxlib would judge the
 inner steps differently: on CPU it fetches a reshard through the host and
@@ -290,9 +292,10 @@ def _fetch(gda, arr, move):
   """Judge, run and record `move`, the fetch of `gda`'s value to the host."""
   level, explicit = _compat.transfer_guard_query(D2H, "explicit_device_get")
   action = _ACTIONS[level][explicit]
-  # Stock rule: fetching from CPU devices is always allowed (jaxlib skips the
-  # guard for CPU buffers), so no level applies there.
-  if action != "allow" and _fetch_always_allowed(arr):
+  judged = action != "allow"  # the guard level acts on this fetch
+  # Seed rule: fetching from CPU devices is always allowed, so no level
+  # applies there.
+  if judged and _fetch_always_allowed(arr):
     action = "allow"
   recording = _ledger._open_count
   moves = ()
@@ -300,9 +303,10 @@ def _fetch(gda, arr, move):
     src = tuple(arr.sharding.addressable_devices_indices_map(arr.shape))
     moves = (_Move(D2H, explicit, arr.shape, arr.dtype, gda.nbytes, src, (), action),)
     _judge(moves)
-  if action == "log":
-    # jaxlib judges this fetch exactly as we did (same direction, same
-    # explicit flag); only its second log line has to be kept out.
+  if judged:
+    # Judged here, so jaxlib must not judge it again: on "log" it would log a
+    # second line, and where the CPU rule allowed the fetch, jax 0.12's
+    # batched host copy would still guard it (`_compat.JAXLIB_GUARDS_CPU_FETCH`).
     saved = _compat.suspend_transfer_guards()
     try:
       out = move()

@@ -432,6 +432,25 @@ def test_fetch_from_cpu_is_always_allowed(level, mesh_2d, guard_logs):
       ("device_to_host", False), ("device_to_host", True), ("device_to_host", False)]
 
 
+def test_stock_sharded_cpu_fetch_matches_compat_flag(mesh_2d):
+  """Version-aware on purpose: stock JAX's own behaviour differs here.
+
+  jax 0.10.2 exempts every CPU fetch from the guard; jax 0.12's batched host
+  copy guards a multi-device CPU `jax.Array` (single-device ones stay exempt).
+  `_compat.JAXLIB_GUARDS_CPU_FETCH` must say which, since `_transfer` relies on
+  it being understood (the GDA keeps the seed's CPU rule on both, see above).
+  """
+  sharded = _gda(mesh_2d).to_jax_array()
+  single = jax.device_put(DATA, jax.devices()[0])
+  with jax.transfer_guard("disallow"):
+    np.testing.assert_array_equal(np.asarray(single), DATA)
+    if _compat.JAXLIB_GUARDS_CPU_FETCH:
+      with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed device-to-host"):
+        np.asarray(sharded)
+    else:
+      np.testing.assert_array_equal(np.asarray(sharded), DATA)
+
+
 def test_fetched_value_is_not_fetched_again(mesh_2d, accelerator_fetch):
   """As stock: once on the host, later reads are not transfers (seed example)."""
   g = _gda(mesh_2d)
