@@ -47,23 +47,29 @@ from jax_sharding_ext._shard_math import (
 )
 
 
-class _FromGda:
-  """Sentinel for legacy `pjit(in_axis_resources=FROM_GDA)`."""
-
-  _instance = None
+class _Sentinel:
+  """A named singleton (one instance per subclass) that pickles to itself."""
 
   def __new__(cls):
-    if cls._instance is None:
-      cls._instance = super().__new__(cls)
-    return cls._instance
+    inst = cls.__dict__.get("_instance")
+    if inst is None:
+      inst = super().__new__(cls)
+      cls._instance = inst
+    return inst
+
+  _name = "SENTINEL"
 
   def __repr__(self):
-    return "FROM_GDA"
+    return self._name
 
   def __reduce__(self):
-    return (_FromGda, ())
+    return (type(self), ())
 
 
+class _FromGda(_Sentinel):
+  """Sentinel for legacy `pjit(in_axis_resources=FROM_GDA)`."""
+
+  _name = "FROM_GDA"
 FROM_GDA = _FromGda()
 """Legacy `pjit` `in_axis_resources` entry: use the argument's own sharding."""
 

@@ -37,19 +37,11 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from jax_sharding_ext import _compat
 from jax_sharding_ext._donation import rebase_donate_argnums
-from jax_sharding_ext._gda import FROM_GDA, GlobalDeviceArray, _FromGda
+from jax_sharding_ext._gda import FROM_GDA, GlobalDeviceArray, _FromGda, _Sentinel
 
 
-class _Unspecified:
-  _instance = None
-
-  def __new__(cls):
-    if cls._instance is None:
-      cls._instance = super().__new__(cls)
-    return cls._instance
-
-  def __repr__(self):
-    return "UNSPECIFIED"
+class _Unspecified(_Sentinel):
+  _name = "UNSPECIFIED"
 
 
 _UNSPECIFIED = _Unspecified()
