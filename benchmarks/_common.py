@@ -11,11 +11,25 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()
+
+
+def cpu_model() -> str:
+  """The CPU model name from /proc/cpuinfo, or `platform.processor()`."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown"
 
 
 def environment() -> dict[str, str]:
@@ -29,7 +43,7 @@ def environment() -> dict[str, str]:
       "jaxlib": jaxlib.__version__,
       "jax_sharding_ext": jax_sharding_ext.__version__,
       "python": platform.python_version(),
-      "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+      "machine": f"{platform.machine()}, {os.cpu_count()} cores, {cpu_model()}",
       "devices": f"{len(devs)} x {devs[0].device_kind}",
       "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
   }
@@ -40,20 +54,36 @@ def print_environment() -> None:
     print(f"# {k}: {v}")
 
 
-def interleaved(fns: dict, n: int = 2000, warmup: int = 100) -> dict[str, float]:
-  """Median seconds per call of each zero-argument callable, interleaved."""
+def interleaved(fns: dict, n: int = 2000, warmup: int = 100,
+                teardown: Callable[[Any], None] | None = None) -> dict[str, float]:
+  """Median seconds per call of each zero-argument callable, interleaved.
+
+  `teardown`, if given, is called with each call's return value after the
+  clock stops (e.g. to free a large result before the next call). Without it
+  the result is dropped inside the timed region, as a caller would drop it.
+  """
   for f in fns.values():
     for _ in range(warmup):
-      f()
+      if teardown is None:
+        f()
+      else:
+        teardown(f())
   names = list(fns)
   times: dict[str, list[float]] = {k: [] for k in names}
   clock = time.perf_counter
   for i in range(n):
     for k in names if i % 2 == 0 else reversed(names):
       f = fns[k]
-      t0 = clock()
-      f()
-      times[k].append(clock() - t0)
+      if teardown is None:
+        t0 = clock()
+        f()
+        times[k].append(clock() - t0)
+      else:
+        t0 = clock()
+        out = f()
+        times[k].append(clock() - t0)
+        teardown(out)
+        del out
   return {k: statistics.median(v) for k, v in times.items()}
 
 

@@ -42,7 +42,7 @@ def make_state(mesh, mib: int, kind: str):
   return GlobalDeviceArray.from_jax_array(arr) if kind == "GDA" else arr
 
 
-def run(mesh, kind: str, donate: bool, steps: int, mib: int) -> dict:
+def _run_variant(mesh, kind: str, donate: bool, steps: int, mib: int) -> dict:
   gc.collect()
   baseline = live_bytes()
   step = jax.jit(lambda s: s + 1.0, donate_argnums=0 if donate else None)
@@ -68,35 +68,46 @@ def run(mesh, kind: str, donate: bool, steps: int, mib: int) -> dict:
           "ms": dt * 1e3, "ok": value == 1.0 + steps}
 
 
+def run(steps: int = 50, mib: int = 64) -> list[dict]:
+  """Peak live bytes of the four variants; rows in MiB, ratio vs jax.Array+donation."""
+  mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+  print(f"\ndonation: {mib} MiB float32 state sharded P('x') over {mesh.size} devices; "
+        f"{steps} steps of `s + 1`")
+
+  results = {}
+  for kind in ("jax.Array", "GDA"):
+    for donate in (True, False):
+      r = _run_variant(mesh, kind, donate, steps, mib)
+      results[kind, donate] = r
+      print(f"  {kind:9s} donate={str(donate):5s}  peak live {r['peak'] / MIB:7.1f} MiB "
+            f"({r['peak'] / r['state']:.2f}x state)  {r['ms']:6.2f} ms/step  "
+            f"result {'correct' if r['ok'] else 'WRONG'}")
+      if not r["ok"]:
+        raise RuntimeError(f"{kind} donate={donate}: wrong result after {steps} steps")
+
+  # Not a timing: `median` is the peak over the sampled steps (one run each).
+  peaks = {f"{kind}, donate={donate}": r["peak"] for (kind, donate), r in results.items()}
+  rows = _common.report(f"donation: peak live bytes, {mib} MiB state, {steps} steps", peaks,
+                        "jax.Array, donate=True", unit=MIB, unit_name="MiB")
+
+  gda_d, arr_d = results["GDA", True]["peak"], results["jax.Array", True]["peak"]
+  gda_n, arr_n = results["GDA", False]["peak"], results["jax.Array", False]["peak"]
+  r1, r2, r3 = gda_d / arr_d, gda_d / gda_n, arr_d / arr_n
+  print(f"  GDA+donation / jax.Array+donation peak: {r1:.3f}  (target <= 1.05: "
+        f"{'ok' if r1 <= 1.05 else 'MISSED'})")
+  print(f"  GDA+donation / GDA no-donation peak:    {r2:.3f}  (target about 0.5: "
+        f"{'ok' if abs(r2 - 0.5) <= 0.05 else 'MISSED'})")
+  print(f"  jax.Array+donation / no-donation peak:  {r3:.3f}  (stock reference)")
+  return rows
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--steps", type=int, default=50)
   ap.add_argument("--mib", type=int, default=64)
   args = ap.parse_args()
-
   _common.print_environment()
-  mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
-  print(f"state: {args.mib} MiB float32 sharded P('x') over {mesh.size} devices; "
-        f"{args.steps} steps of `s + 1`\n")
-
-  results = {}
-  for kind in ("jax.Array", "GDA"):
-    for donate in (True, False):
-      r = run(mesh, kind, donate, args.steps, args.mib)
-      results[kind, donate] = r
-      print(f"{kind:9s} donate={str(donate):5s}  peak live {r['peak'] / MIB:7.1f} MiB "
-            f"({r['peak'] / r['state']:.2f}x state)  {r['ms']:6.2f} ms/step  "
-            f"result {'correct' if r['ok'] else 'WRONG'}")
-
-  gda_d, arr_d = results["GDA", True]["peak"], results["jax.Array", True]["peak"]
-  gda_n, arr_n = results["GDA", False]["peak"], results["jax.Array", False]["peak"]
-  r1, r2, r3 = gda_d / arr_d, gda_d / gda_n, arr_d / arr_n
-  print()
-  print(f"GDA+donation / jax.Array+donation peak: {r1:.3f}  (target <= 1.05: "
-        f"{'ok' if r1 <= 1.05 else 'MISSED'})")
-  print(f"GDA+donation / GDA no-donation peak:    {r2:.3f}  (target about 0.5: "
-        f"{'ok' if abs(r2 - 0.5) <= 0.05 else 'MISSED'})")
-  print(f"jax.Array+donation / no-donation peak:  {r3:.3f}  (stock reference)")
+  run(steps=args.steps, mib=args.mib)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,255 @@
+"""Run every benchmark and write `benchmarks/RESULTS.md`.
+
+Runs each `bench_*.py` module's `run()` in this process (the import-time
+benchmark starts its own fresh subprocesses), prints their output as it goes,
+then writes a markdown report: date, versions, machine, device count, one row
+per (benchmark, variant) with its median and ratio, and whether each target of
+issues 3-6 was met.
+
+Run: `make bench`, or `.venv/bin/python benchmarks/run_all.py [--quick]
+[--only NAME ...] [--output PATH]`. `--quick` uses far fewer iterations (a
+smoke run; its numbers are noisier and the report says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import _common  # first: sets XLA_FLAGS (8 CPU devices) before JAX starts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# (module, keyword arguments of its run() for a full run, for --quick).
+BENCHES: list[tuple[str, dict, dict]] = [
+    ("bench_dispatch", {"n": 2000}, {"n": 200}),
+    ("bench_transfer_guard", {"n": 2000}, {"n": 200}),
+    ("bench_effects", {"calls": 200, "rounds": 15}, {"calls": 50, "rounds": 5}),
+    ("bench_donation", {"steps": 50, "mib": 64}, {"steps": 10, "mib": 64}),
+    ("bench_construction", {"reps": 21}, {"reps": 5}),
+    ("bench_import", {"runs": 21}, {"runs": 5}),
+]
+
+
+# ---------------------------------------------------------------------------
+# Targets: each reads medians from the rows, by benchmark-title prefix and
+# variant name.
+# ---------------------------------------------------------------------------
+
+
+class _Rows:
+  def __init__(self, rows: list[dict]):
+    self.rows = rows
+
+  def median(self, title_prefix: str, variant: str) -> float:
+    for r in self.rows:
+      if r["benchmark"].startswith(title_prefix) and r["variant"] == variant:
+        return r["median"]
+    raise KeyError(f"{title_prefix!r} / {variant!r}")
+
+
+@dataclass
+class Target:
+  issue: int
+  what: str
+  goal: str
+  measure: Callable[[_Rows], float]
+  fmt: str
+  ok: Callable[[float], bool] | None  # None: a reference number, not a target
+  note: str = ""  # shown when missed
+
+
+def _ratio(title, num, den):
+  return lambda r: r.median(title, num) / r.median(title, den)
+
+
+def _dispatch(n_dev: int, case: str, limit: float) -> Target:
+  return Target(6, f"dispatch, {n_dev} device(s), {case}: GDA / jax.Array",
+                f"<= {limit}x", _ratio(f"dispatch, {n_dev} device(s), {case}",
+                                      "GlobalDeviceArray", "jax.Array"),
+                "{:.2f}x", lambda v, limit=limit: v <= limit)
+
+
+_GUARD = "guard check on a GDA implicit fetch"
+_FETCH1 = "implicit fetch of a fresh (8, 2) float32 array, 1 device"
+_DONATION = "donation: peak live bytes"
+_CONSTRUCTION = "construction throughput"
+
+TARGETS: list[Target] = [
+    Target(3, "2 ordered `jax.debug.callback` / 2 ordered `io_callback`, 8 devices, per call",
+           "<= 1.2x", _ratio("ordered effects", "debug.callback x2 (ordered)",
+                             "io_callback x2 (ordered)"),
+           "{:.2f}x", lambda v: v <= 1.2),
+    Target(4, "guard check added to a GDA implicit fetch (move excluded)", "< 2 us",
+           lambda r: r.median(_GUARD, "guard check + no-op move") - r.median(_GUARD, "no-op move"),
+           "{:.2f} us", lambda v: v < 2),
+    Target(4, "inactive ledger check, added per operation", "< 2 us",
+           lambda r: r.median(_GUARD, "inactive ledger check") - r.median(_GUARD, "no-op move"),
+           "{:.2f} us", lambda v: v < 2),
+    Target(4, "whole GDA implicit fetch vs jax.Array's, (8, 2), 1 device, added", "< 2 us",
+           lambda r: (r.median(_FETCH1, "GlobalDeviceArray np.asarray")
+                      - r.median(_FETCH1, "jax.Array np.asarray")),
+           "{:.2f} us", lambda v: v < 2),
+    Target(5, "peak live bytes: GDA+donation / jax.Array+donation", "<= 1.05x",
+           _ratio(_DONATION, "GDA, donate=True", "jax.Array, donate=True"),
+           "{:.3f}x", lambda v: v <= 1.05),
+    Target(5, "peak live bytes: GDA+donation / GDA without donation", "about 0.5x (0.45-0.55)",
+           _ratio(_DONATION, "GDA, donate=True", "GDA, donate=False"),
+           "{:.3f}x", lambda v: abs(v - 0.5) <= 0.05),
+    _dispatch(1, "1 arg(s)", 1.3),
+    _dispatch(1, "10 arg(s)", 1.3),
+    _dispatch(1, "output flag on", 1.3),
+    _dispatch(8, "1 arg(s)", 1.1),
+    _dispatch(8, "10 arg(s)", 1.1),
+    _dispatch(8, "output flag on", 1.1),
+    Target(6, "construction throughput: from_callback / make_array_from_callback", ">= 0.95x",
+           _ratio(_CONSTRUCTION, "GlobalDeviceArray.from_callback",
+                  "jax.make_array_from_callback"),
+           "{:.2f}x", lambda v: v >= 0.95),
+    Target(6, "construction throughput: from_callback / numpy copy (physical limit)",
+           ">= 0.5x (within 2x)",
+           _ratio(_CONSTRUCTION, "GlobalDeviceArray.from_callback",
+                  "numpy copy (physical limit)"),
+           "{:.2f}x", lambda v: v >= 0.5,
+           "see \"Where the time goes\" in benchmarks/bench_construction.py"),
+    Target(6, "(reference) construction throughput: stock make_array_from_callback / "
+           "numpy copy", "-",
+           _ratio(_CONSTRUCTION, "jax.make_array_from_callback",
+                  "numpy copy (physical limit)"),
+           "{:.2f}x", None),
+    Target(6, "import time added by `import jax_sharding_ext` to `import jax`", "< 10%",
+           lambda r: 100 * (r.median("import time", "import jax; import jax_sharding_ext")
+                            / r.median("import time", "import jax") - 1),
+           "{:.1f}%", lambda v: v < 10),
+]
+
+
+# ---------------------------------------------------------------------------
+# Report.
+# ---------------------------------------------------------------------------
+
+
+def _cell(text: object) -> str:
+  return str(text).replace("|", "\\|")
+
+
+def _number(v: float) -> str:
+  return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+
+
+def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: bool,
+                 started: datetime.datetime, seconds: dict[str, float],
+                 failures: dict[str, str]) -> list[tuple[Target, str, str]]:
+  results = []
+  table = _Rows(rows)
+  for t in TARGETS:
+    try:
+      v = t.measure(table)
+    except (KeyError, ZeroDivisionError):
+      results.append((t, "not measured", "NOT MEASURED"))
+      continue
+    if t.ok is None:
+      status = "reference"
+    else:
+      status = "met" if t.ok(v) else "MISSED" + (f" ({t.note})" if t.note else "")
+    results.append((t, t.fmt.format(v), status))
+
+  import jax
+  devices = jax.devices()
+  lines = [
+      "# Benchmark results",
+      "",
+      f"Written by `benchmarks/run_all.py`{' --quick (few iterations: smoke numbers)' if quick else ''}"
+      " (`make bench`). Every benchmark compares its variants side by side in one "
+      "process, interleaved, and reports medians.",
+      "",
+      f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')}"
+      f" (total {sum(seconds.values()):.0f} s)",
+      f"- JAX {env['jax']}, jaxlib {env['jaxlib']}, jax_sharding_ext "
+      f"{env['jax_sharding_ext']}, Python {env['python']}",
+      f"- Machine: {env['machine']}",
+      f"- Devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}); "
+      f"XLA_FLAGS=`{env['XLA_FLAGS']}`",
+      "",
+      "## Targets (issues 3-6)",
+      "",
+      "| Issue | Target | Goal | Measured | Status |",
+      "|---|---|---|---|---|",
+  ]
+  for t, measured, status in results:
+    lines.append(f"| {t.issue} | {_cell(t.what)} | {_cell(t.goal)} | {measured} | {status} |")
+  lines += [
+      "",
+      "## All measurements",
+      "",
+      "Ratio is this variant's median / the base variant's median. Time units "
+      "(us, ms): lower is faster. GB/s: higher is faster. MiB: peak live device "
+      "bytes over the run (one run per variant, not a median).",
+      "",
+      "| Benchmark | Variant | Median | Unit | Ratio | Base |",
+      "|---|---|---:|---|---:|---|",
+  ]
+  for r in rows:
+    lines.append(f"| {_cell(r['benchmark'])} | {_cell(r['variant'])} | "
+                 f"{_number(r['median'])} | {r['unit']} | {r['ratio']:.2f}x | "
+                 f"{_cell(r['base'])} |")
+  lines += ["", "## Wall time per benchmark", ""]
+  lines += [f"- {name}: {s:.0f} s" for name, s in seconds.items()]
+  if failures:
+    lines += ["", "## Failures", ""]
+    for name, tb in failures.items():
+      lines += [f"### {name}", "", "```", tb.rstrip(), "```", ""]
+  with open(path, "w") as f:
+    f.write("\n".join(lines).rstrip() + "\n")
+  return results
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--quick", action="store_true", help="far fewer iterations (smoke run)")
+  ap.add_argument("--only", nargs="+", metavar="NAME",
+                  help="run only these modules (e.g. bench_dispatch)")
+  ap.add_argument("--output", default=os.path.join(HERE, "RESULTS.md"),
+                  help="where to write the markdown report (default: benchmarks/RESULTS.md)")
+  args = ap.parse_args()
+
+  started = datetime.datetime.now(datetime.UTC)
+  env = _common.environment()
+  _common.print_environment()
+  rows: list[dict] = []
+  seconds: dict[str, float] = {}
+  failures: dict[str, str] = {}
+  for name, full, quick in BENCHES:
+    if args.only and name not in args.only:
+      continue
+    kwargs = quick if args.quick else full
+    print(f"\n=== {name} ({', '.join(f'{k}={v}' for k, v in kwargs.items())})", flush=True)
+    t0 = time.perf_counter()
+    try:
+      rows += importlib.import_module(name).run(**kwargs)
+    except Exception:  # report it, go on with the others
+      failures[name] = traceback.format_exc()
+      print(failures[name], file=sys.stderr)
+    seconds[name] = time.perf_counter() - t0
+    gc.collect()
+    sys.stdout.flush()
+
+  results = write_report(args.output, rows, env, quick=args.quick, started=started,
+                         seconds=seconds, failures=failures)
+  print(f"\n=== targets (written to {os.path.relpath(args.output)})")
+  for t, measured, status in results:
+    print(f"  [{status.split(' (')[0]:>12}] issue {t.issue}: {t.what}: {measured} (goal {t.goal})")
+  print(f"total {sum(seconds.values()):.0f} s")
+  return 1 if failures else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
