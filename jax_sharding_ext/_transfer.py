@@ -128,7 +128,7 @@ def shard_args(gdas, shardings, layouts, copy_semantics):
 def to_host(gda, dtype=None) -> np.ndarray:
   """Gather the global value of a fully addressable GDA as numpy."""
   arr = gda._checked_array("fetch it to the host")
-  if not arr.is_fully_addressable:
+  if not arr.sharding.is_fully_addressable:
     raise RuntimeError(
         f"Cannot convert {gda} to numpy: it spans devices of other processes "
         "(it is not fully addressable). Use "
@@ -143,7 +143,7 @@ def to_host(gda, dtype=None) -> np.ndarray:
 def start_host_copy(gda) -> None:
   """`gda.copy_to_host_async()`: start the device_to_host transfer."""
   arr = gda._checked_array("fetch it to the host")
-  if not arr.is_fully_addressable:  # local shards only; jaxlib guards each buffer
+  if not arr.sharding.is_fully_addressable:  # local shards only; jaxlib guards each buffer
     arr.copy_to_host_async()
   elif not gda._host_fetched:
     _fetch(gda, arr, arr.copy_to_host_async)
@@ -156,7 +156,7 @@ def embed_constant(gda, aval):
   device_to_host transfer (jaxlib guards it for a `jax.Array` too).
   """
   arr = gda._checked_array("embed it as a constant")
-  if gda._host_fetched or not arr.is_fully_addressable:
+  if gda._host_fetched or not arr.sharding.is_fully_addressable:
     return _compat.array_constant_handler(arr, aval)
   return _fetch(gda, arr, lambda: _compat.array_constant_handler(arr, aval))
 
