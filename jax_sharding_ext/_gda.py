@@ -297,6 +297,11 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
       data_callback: takes an index into the global array (a tuple of slices)
         and returns the data there, as any array-like (numpy, `jax.Array`,
         nested lists). It is called for every local device, replicas included.
+
+    On CPU devices jaxlib may adopt a suitably aligned numpy array returned
+    by the callback as the device buffer instead of copying it (as stock
+    `jax.make_array_from_callback` and `jax.device_put` do), so do not modify
+    the returned memory afterwards; return a copy if you reuse the buffer.
     """
     _require_callable(data_callback, "data_callback")
     sharding, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
