@@ -43,7 +43,13 @@ about 14 GB/s on 2 threads, faster than the single-threaded numpy copy. A
 contiguous, 64-byte-aligned numpy value is not copied at all on CPU (jaxlib
 aliases it), so placing 64-byte-aligned contiguous numpy copies of the shards
 (one numpy copy, then a zero-copy hand-off) measured about 2x faster than
-stock in a fresh process, about 0.5x of the physical limit.
+stock in a fresh process, about 0.47x of the physical limit. It is not used:
+XLA cannot reuse an adopted host buffer for a donated argument, so the first
+donated step of a training loop would no longer alias its input
+(tests/test_donation.py catches this). jaxlib's non-default
+`HostBufferSemantics` (which would also stop it adopting the callback's own
+memory) fail with `RuntimeError: bad_function_call` in jax 0.10.2 when two
+devices' values share host memory (every replicated spec).
 
 Run: `.venv/bin/python benchmarks/bench_construction.py [--reps 21] [--mib 256]
 [--in-process]`
