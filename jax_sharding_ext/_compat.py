@@ -1037,3 +1037,42 @@ def dispatch_flatten(x: Any) -> tuple[list[Any], Any]:
 
 
 __all__ += ["HAS_DISPATCH_REGISTRY", "DISPATCH_OFF", "DispatchNodeEdit", "dispatch_flatten"]
+
+
+# --- output flag: which jit is being compiled --------------------------------
+# The GDA-era `jax_parallel_functions_output_gda` flag turned the outputs of
+# the user's pjit calls into GDAs, never the results of eager operations. In
+# today's JAX every eager operation is a jit too: `x + 1` compiles a jitted
+# primitive (`dispatch.apply_primitive`) and most `jax.numpy` functions are
+# jitted internally. A result handler is built while its executable is
+# compiled, inside the `cache_miss` closure of `pjit._cpp_pjit(fun, ...)`
+# (jax 0.10.2 and 0.12.x), whose `fun` is the function being jitted; reading
+# it from that frame tells a user's jit from one of JAX's own. Compile time
+# only, never per call. Without such a frame (AOT `.lower().compile()`), the
+# caller compiled the user's function directly.
+
+def _of_nested_code(fn: Any, name: str) -> Any:
+  """The code object of the function `name` defined inside `fn`, or None."""
+  consts = getattr(getattr(fn, "__code__", None), "co_consts", ())
+  return next((c for c in consts if getattr(c, "co_name", None) == name), None)
+
+
+_OF_CACHE_MISS_CODE = _of_nested_code(getattr(_dn_pjit, "_cpp_pjit", None), "cache_miss")
+
+
+def jitted_function_being_compiled() -> Any:
+  """The Python function of the innermost `jax.jit` cache miss on this thread.
+
+  None when no `jax.jit` call is being dispatched (e.g. AOT compilation).
+  """
+  if _OF_CACHE_MISS_CODE is None:
+    return None
+  f = _dn_sys._getframe(1)
+  while f is not None:
+    if f.f_code is _OF_CACHE_MISS_CODE:
+      return f.f_locals.get("fun")
+    f = f.f_back
+  return None
+
+
+__all__ += ["jitted_function_being_compiled"]

@@ -1,9 +1,12 @@
 """The `jax_parallel_functions_output_gda` flag and the result handler behind it.
 
-With the flag on, every output of `jax.jit` / `pjit` whose sharding is a
-`NamedSharding` comes back as a `GlobalDeviceArray` (0-d included); outputs on
-a single device without a mesh stay `jax.Array`, and so does the result of
-`jax.device_put` (stock behaviour).
+With the flag on, every output of the user's `jax.jit` / `pjit` calls whose
+sharding is a `NamedSharding` comes back as a `GlobalDeviceArray` (0-d
+included). As with the old flag, eager operations stay `jax.Array`: `x + 1`,
+`jnp.sum(x)` (JAX runs them as jits of its own functions, told apart when the
+executable is compiled, see `_compat.jitted_function_being_compiled`), and so
+do outputs on a single device without a mesh and the result of
+`jax.device_put`.
 
 The flag is part of JAX's jit cache key and trace context
 (`include_in_jit_key`, `include_in_trace_context`): the result handler is
@@ -44,12 +47,25 @@ def _wrap_output(arr):
   return GlobalDeviceArray._wrap(arr)
 
 
+def _is_jax_internal(fun) -> bool:
+  """True for functions JAX jits itself: eager primitives, `jax.numpy`, ...
+
+  A user's `jax.jit(jnp.sin)` jits the already-jitted `jnp.sin` object (it has
+  `.lower`), not JAX's raw function, so it counts as the user's.
+  """
+  if hasattr(fun, "lower"):
+    return False
+  module = getattr(fun, "__module__", None) or ""
+  return module == "jax" or module.startswith(("jax.", "jaxlib."))
+
+
 def result_handler(aval, sharding, committed):
   handler = _wrapped_result_handler(aval, sharding, committed)
   if (parallel_functions_output_gda.value
       and isinstance(sharding, NamedSharding)
       and not sharding.mesh.empty
       and _compat.is_plain_dtype(aval.dtype)
-      and not _compat.in_explicit_device_put()):
+      and not _compat.in_explicit_device_put()
+      and not _is_jax_internal(_compat.jitted_function_being_compiled())):
     return handler.wrap(_wrap_output)
   return handler

@@ -139,3 +139,16 @@ def test_absl_flag(when):
                          timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == expected
+
+
+def test_eager_operations_stay_jax_arrays(mesh_2d):
+  # As with the GDA-era flag, only the user's jit/pjit calls return GDAs: eager
+  # arithmetic and jax.numpy calls (which JAX runs as its own jits) do not.
+  gda, data = _gda(mesh_2d)
+  x = gda.to_jax_array()
+  jax.config.update("jax_parallel_functions_output_gda", True)
+  for out in (x + 1, x[0], jnp.sum(x), jnp.sin(gda), jnp.add(gda, 1), jnp.sum(x) > 0):
+    assert type(out) is not GlobalDeviceArray
+  assert float(jnp.sum(x)) == data.sum()
+  assert type(jax.jit(jnp.sin)(gda)) is GlobalDeviceArray  # the user's own jit
+  assert type(jax.jit(lambda v: v + 1).lower(x).compile()(x)) is GlobalDeviceArray
