@@ -27,6 +27,7 @@ lets `jax.numpy` functions accept it directly.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -534,6 +535,12 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
   def _repr_html_(self) -> str:
     from jax_sharding_ext._html import gda_html
     return gda_html(self)
+
+
+# The metaclass's `__call__` would otherwise hide the GDA-era signature from
+# `help()` and `inspect.signature`.
+GlobalDeviceArray.__signature__ = inspect.signature(GlobalDeviceArray.__init__).replace(
+    parameters=list(inspect.signature(GlobalDeviceArray.__init__).parameters.values())[1:])
 
 
 def _require_callable(fn, name: str) -> None:

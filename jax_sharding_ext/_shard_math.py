@@ -53,8 +53,9 @@ def normalize_mesh_axes(global_shape: Sequence[int], mesh: Mesh,
   if isinstance(mesh_axes, str) or not isinstance(mesh_axes, (PartitionSpec, Sequence)):
     raise TypeError(
         "`mesh_axes` must be a PartitionSpec or a list/tuple of axis names, "
-        f"tuples of axis names, or None; got {mesh_axes!r}. Wrap a single axis "
-        f"as `PartitionSpec({mesh_axes!r})`.")
+        f"tuples of axis names, or None; got {mesh_axes!r}."
+        + (f" Wrap a single axis as `PartitionSpec({mesh_axes!r})`."
+           if isinstance(mesh_axes, str) else ""))
   entries = tuple(mesh_axes)
   if len(entries) > len(shape):
     raise ValueError(
