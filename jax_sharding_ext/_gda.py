@@ -26,6 +26,7 @@ lets `jax.numpy` functions accept it directly.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import math
@@ -501,6 +502,14 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
 
   def devices(self) -> set:
     return self._arr.devices()
+
+  def __copy__(self) -> GlobalDeviceArray:
+    return type(self)._wrap(copy.copy(self._checked_array("copy it")), self._mesh_axes)
+
+  def __deepcopy__(self, memo) -> GlobalDeviceArray:
+    """A GDA with new device buffers holding the same values (as `jax.Array`)."""
+    arr = copy.deepcopy(self._checked_array("copy it"), memo)
+    return type(self)._wrap(arr, copy.deepcopy(self._mesh_axes, memo))
 
   def __array__(self, dtype=None, copy=None) -> np.ndarray:
     if copy is False:

@@ -229,3 +229,18 @@ class TestBadInput:
       GlobalDeviceArray.from_callback((8,), mesh_2d, ["z"], lambda i: np.zeros(2))
     with pytest.raises(ValueError, match="not divisible"):
       GlobalDeviceArray.from_callback((6,), mesh_2d, ["x"], lambda i: np.zeros(2))
+
+
+def test_copy_and_deepcopy(mesh_2d):
+  import copy
+  data = _global((8, 2))
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, ["x"], lambda i: data[i])
+  for dup in (copy.copy(gda), copy.deepcopy({"w": gda})["w"]):
+    assert type(dup) is GlobalDeviceArray
+    assert dup.sharding == gda.sharding and dup.mesh_axes == ["x"]
+    np.testing.assert_array_equal(np.asarray(dup), data)
+  deep = copy.deepcopy(gda)
+  assert not set(_ptrs([s.data for s in deep.local_shards])) & set(
+      _ptrs([s.data for s in gda.local_shards]))
+  gda.delete()
+  np.testing.assert_array_equal(np.asarray(deep), data)  # independent buffers
