@@ -823,7 +823,39 @@ RuntimeTokenSet: type = type(_fx_dispatch.runtime_tokens)
 """`dispatch.RuntimeTokenSet`: a `threading.local` holding, per thread, the
 tokens of the last dispatched computation (`current_tokens` per ordered
 effect, `output_runtime_tokens` per device). `jax.effects_barrier()` blocks on
-the calling thread's only."""
+the calling thread's only.
+
+`pxla.ExecuteReplicated` calls `get_token_input(effect, devices)` for the
+input token of each ordered effect (the effect's current token, or a fresh
+one), then `set_token_result` / `set_output_runtime_token`;
+`jax.effects_barrier()` and the `atexit` hook `dispatch.wait_for_tokens` call
+`block_until_ready()`, which blocks on every token and then `clear()`s. Same
+in jax 0.10.2 and 0.12.x.
+
+Stock flaw, kept by every release so far: when a computation fails after
+dispatch (asynchronously: e.g. a raising ordered callback over several
+devices), the tokens it returns carry the error for good.
+`block_until_ready()` raises before `clear()`, so every later barrier raises
+it again (and twice at exit), and `get_token_input` hands the failed token to
+the next computation with that effect, which then fails without running.
+`_effects._TrackedRuntimeTokens` overrides both."""
+
+
+def failed_token_error(token: Any) -> BaseException | None:
+  """The error of an ordered-effect token whose computation failed, else None.
+
+  `token` is a `core.Token` (a value of `RuntimeTokenSet.current_tokens`),
+  whose `_buf` is a `jax.Array`. Never blocks: a token whose computation is
+  still running, or that has no buffer, counts as not failed.
+  """
+  buf = getattr(token, "_buf", None)
+  if buf is None or not hasattr(buf, "is_ready") or not buf.is_ready():
+    return None
+  try:
+    buf.block_until_ready()  # ready: returns or raises at once
+  except jax.errors.JaxRuntimeError as e:
+    return e
+  return None
 
 
 def get_runtime_tokens() -> Any:
@@ -846,7 +878,8 @@ __all__ += ["Effect", "EFFECT_TYPE_SET_NAMES", "HAS_PARTIAL_EVAL_KEPT_EFFECTS",
             "prim_requires_devices_during_lowering", "LoweringEdit", "lowering_platforms",
             "axis_context_kind", "auto_axes_in_shard_map", "lowering_device_assignment", "callback_op_sharding",
             "emit_ordered_callback", "lower_fun_multiple_results", "operand_sharding",
-            "RuntimeTokenSet", "get_runtime_tokens", "set_runtime_tokens"]
+            "RuntimeTokenSet", "failed_token_error", "get_runtime_tokens",
+            "set_runtime_tokens"]
 
 
 # --- donation and pjit ---

@@ -369,15 +369,51 @@ _thread_token_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _TrackedRuntimeTokens(_compat.RuntimeTokenSet):
-  """JAX's per-thread runtime tokens, also reachable from other threads."""
+  """JAX's per-thread runtime tokens, also reachable from other threads.
+
+  It also recovers from a failed computation, where the stock token set stays
+  broken (see `_compat.RuntimeTokenSet`): a barrier reports the failure once
+  and starts over, and an ordered effect whose last token is known to have
+  failed starts a new token chain instead of inheriting the error.
+  """
 
   def __init__(self):
     super().__init__()
+    # Tokens of failed computations taken out of `current_tokens` by
+    # `get_token_input`, kept so that the next barrier reports their error.
+    self.failed_tokens = []
     # For a `threading.local`, `__init__` runs once in each thread that uses
     # it, and `self.__dict__` is that thread's attribute dict; `clear()`
     # rebinds attributes inside that same dict.
     with _lock:
       _thread_token_states[threading.current_thread()] = self.__dict__
+
+  def get_token_input(self, eff, *args, **kwargs):
+    token = self.current_tokens.get(eff)
+    if token is not None and _compat.failed_token_error(token) is not None:
+      # The computation that produced it has finished, and failed: its
+      # effects are over, so program order holds with a fresh token. (A
+      # token still running is passed on: if it fails, so does this call.)
+      del self.current_tokens[eff]
+      self.failed_tokens.append(token)
+    return super().get_token_input(eff, *args, **kwargs)
+
+  def clear(self):
+    super().clear()
+    self.failed_tokens = []
+
+  def block_until_ready(self):
+    """Wait for every token; raise the first failure once, then start over."""
+    error = None
+    for token in [*self.failed_tokens, *self.current_tokens.values(),
+                  *self.output_runtime_tokens.values()]:
+      try:
+        token.block_until_ready()
+      except jax.errors.JaxRuntimeError as e:
+        error = error or e
+    self.clear()
+    if error is not None:
+      raise error
 
 
 class _RuntimeTokensEdit:
@@ -386,6 +422,8 @@ class _RuntimeTokensEdit:
   The calling thread's pending tokens move across both ways. Tokens other
   threads hold in the object being replaced stay there (a thread that
   dispatched ordered effects before `install()` starts a new chain after it).
+  A failure set aside by `get_token_input` and not yet raised by a barrier is
+  dropped by `uninstall()` (the stock token set has no place for it).
   """
 
   name = "dispatch.runtime_tokens"
@@ -438,17 +476,24 @@ def effects_barrier() -> None:
   thread (and raises if one of them failed). This also waits for those
   dispatched by every other thread; their failures are left for those
   threads' own barriers.
+
+  A failure is reported once: the barrier that raises it also forgets it, and
+  later ordered effects start afresh (after an asynchronous failure on
+  several devices, stock JAX raises it at every barrier and fails every later
+  computation with the same ordered effect).
   """
-  jax.effects_barrier()
-  me = threading.current_thread()
-  with _lock:
-    states = [(t, s) for t, s in _thread_token_states.items() if t is not me]
-  for _, state in states:
-    for token in _pending_tokens(state):
-      try:
-        token.block_until_ready()
-      except jax.errors.JaxRuntimeError:
-        pass  # reported to the thread that dispatched it
+  try:
+    jax.effects_barrier()
+  finally:  # this thread's failure is raised after the wait, not instead
+    me = threading.current_thread()
+    with _lock:
+      states = [(t, s) for t, s in _thread_token_states.items() if t is not me]
+    for _, state in states:
+      for token in _pending_tokens(state):
+        try:
+          token.block_until_ready()
+        except jax.errors.JaxRuntimeError:
+          pass  # reported to the thread that dispatched it
 
 
 # ---------------------------------------------------------------------------
