@@ -333,6 +333,12 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
   if hasattr(x, "to_jax_array") and not isinstance(x, jax.Array):
     x = x.to_jax_array()  # GlobalDeviceArray: the same buffers, no copy
   if sharding is not None and hasattr(x, "shape"):
+    spec = getattr(sharding, "spec", ())
+    if len(spec) > len(x.shape):
+      raise ValueError(
+          f"`sharded_callback(..., sharding={sharding})` has {len(spec)} "
+          f"PartitionSpec entries but the value has rank {len(x.shape)} (shape "
+          f"{tuple(x.shape)}); give at most one entry per dimension.")
     try:
       sharding.shard_shape(tuple(x.shape))
     except ValueError as e:

@@ -474,6 +474,11 @@ def test_sharded_callback_bad_input(mesh_1d, devices):
     jse.sharded_callback(print, x, sharding=P("x"))
   with pytest.raises(ValueError, match="does not fit"):
     jse.sharded_callback(print, np.zeros(3), sharding=NamedSharding(mesh_1d, P("x")))
+  too_long = NamedSharding(mesh_1d, P("x", None, None))
+  with pytest.raises(ValueError, match="3 PartitionSpec entries but the value has rank 2"):
+    jse.sharded_callback(print, x, sharding=too_long)
+  with pytest.raises(ValueError, match="3 PartitionSpec entries"):
+    jax.jit(lambda v: jse.sharded_callback(print, v, sharding=too_long))(x)
   other = SingleDeviceSharding(devices[3])
   with pytest.raises(ValueError, match="computation runs on devices"):
     jax.jit(lambda v: jse.sharded_callback(print, v, sharding=other))(x)
