@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 
+import numpy as np
+
 
 def _fmt_index(index) -> str:
   parts = []
@@ -34,5 +36,4 @@ def gda_html(gda) -> str:
 
 
 def _positions(mesh):
-  import numpy as np
   return list(np.ndindex(*mesh.devices.shape))
