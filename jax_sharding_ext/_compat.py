@@ -155,14 +155,6 @@ global_result_handlers: dict[type, Callable[..., Any]] = _pxla.global_result_han
 ShapedArray = _core.ShapedArray
 
 
-def stock_result_handler(aval, sharding, committed):
-  """The result handler stock JAX installed for `ShapedArray` outputs."""
-  return _stock_shaped_array_result_handler(aval, sharding, committed)
-
-
-_stock_shaped_array_result_handler = _pxla.global_result_handlers[ShapedArray]
-
-
 def is_plain_dtype(dtype) -> bool:
   """True for the dtypes a `GlobalDeviceArray` can hold (not float0/extended)."""
   return not (dtype == _dtypes.float0 or _dtypes.issubdtype(dtype, _dtypes.extended))
@@ -216,10 +208,6 @@ class CanonicalizeEdit:
 def canonicalize_value(x: Any) -> Any:
   """`dtypes.canonicalize_value`: numpy/Python values to JAX's dtype rules."""
   return _dtypes.canonicalize_value(x)
-
-
-def is_canonicalize_enabled(typ: type) -> bool:
-  return bool(_canonicalize_enabled.get(typ))
 
 
 # ---------------------------------------------------------------------------
@@ -285,11 +273,6 @@ def in_explicit_device_put() -> bool:
   return bool(_guard_lib.thread_local_state().explicit_device_put)
 
 
-def in_explicit_device_get() -> bool:
-  """True inside `jax.device_get(...)` on this thread."""
-  return bool(_guard_lib.thread_local_state().explicit_device_get)
-
-
 # ---------------------------------------------------------------------------
 # Backends (tests check that importing this package initialises none).
 # ---------------------------------------------------------------------------
@@ -297,10 +280,6 @@ def in_explicit_device_get() -> bool:
 
 def initialized_backends() -> dict[str, Any]:
   return dict(_xb._backends)
-
-
-def process_index() -> int:
-  return _xb.process_index()
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations",)]
