@@ -182,27 +182,55 @@ def _make_canonicalize_switch(typ: type) -> Callable[[Any], Any]:
   return canonicalize
 
 
-class CanonicalizeEdit:
-  """Enable canonicalisation of `typ` as the identity; undo disables it."""
+class RegisterOnceEdit:
+  """An edit of a JAX registry that has no way to remove an entry.
 
-  name = "canonicalize_value_handlers"
+  The entry is registered the first time it is applied and stays; applying and
+  reverting then only switch it on and off (`_enable`), so `uninstall()`
+  restores stock behaviour even though the registration itself remains.
+  """
+
+  name = ""
 
   def __init__(self, typ: type):
     self.typ = typ
     self.applied = False
 
+  def _available(self) -> bool:
+    return True
+
+  def _register(self) -> None:
+    raise NotImplementedError
+
+  def _enable(self, on: bool) -> None:
+    raise NotImplementedError
+
   def apply(self) -> None:
-    if self.applied:
+    if self.applied or not self._available():
       return
-    if self.typ not in _canonicalize_enabled:
-      _dtypes.register_canonicalize_value_handler(self.typ, _make_canonicalize_switch(self.typ))
-    _canonicalize_enabled[self.typ] = True
+    if self.typ not in self._registered:
+      self._register()
+      self._registered.add(self.typ)
+    self._enable(True)
     self.applied = True
 
   def revert(self) -> None:
     if self.applied:
-      _canonicalize_enabled[self.typ] = False
+      self._enable(False)
       self.applied = False
+
+
+class CanonicalizeEdit(RegisterOnceEdit):
+  """Canonicalise `typ` as the identity; reverted, it raises as stock does."""
+
+  name = "canonicalize_value_handlers"
+  _registered: set[type] = set()
+
+  def _register(self) -> None:
+    _dtypes.register_canonicalize_value_handler(self.typ, _make_canonicalize_switch(self.typ))
+
+  def _enable(self, on: bool) -> None:
+    _canonicalize_enabled[self.typ] = on
 
 
 def canonicalize_value(x: Any) -> Any:
@@ -1004,7 +1032,6 @@ except ImportError:  # pragma: no cover
   _dispatch_registry = None
 
 HAS_DISPATCH_REGISTRY = _dispatch_registry is not None
-_dispatch_registered: set[type] = set()
 
 
 class DispatchOff:
@@ -1019,28 +1046,22 @@ class DispatchOff:
 DISPATCH_OFF = DispatchOff()
 
 
-class DispatchNodeEdit:
+class DispatchNodeEdit(RegisterOnceEdit):
   """Let jit's C++ fast path unpack `typ` to its `_arr` (see above)."""
 
   name = "tree_util.dispatch_registry"
+  _registered: set[type] = set()
 
-  def __init__(self, typ: type):
-    self.typ = typ
-    self.applied = False
+  def _available(self) -> bool:
+    return HAS_DISPATCH_REGISTRY
 
-  def apply(self) -> None:
-    if self.applied or not HAS_DISPATCH_REGISTRY:
-      return
-    if self.typ not in _dispatch_registered:
-      _dispatch_registry.register_dataclass_node(self.typ, ["_arr"], ["_dispatch_key"])
-      _dispatch_registered.add(self.typ)
-    self.typ._dispatch_off = None  # the key itself is a property (`_donation.py`)
-    self.applied = True
+  def _register(self) -> None:
+    _dispatch_registry.register_dataclass_node(self.typ, ["_arr"], ["_dispatch_key"])
 
-  def revert(self) -> None:
-    if self.applied:
-      self.typ._dispatch_off = DISPATCH_OFF
-      self.applied = False
+  def _enable(self, on: bool) -> None:
+    # The key itself is a property (`_donation.dispatch_key`); off, it returns
+    # DISPATCH_OFF, which no cached C++ signature has.
+    self.typ._dispatch_off = None if on else DISPATCH_OFF
 
 
 def dispatch_flatten(x: Any) -> tuple[list[Any], Any]:
