@@ -532,63 +532,55 @@ def is_ordered_effect(effect: Any) -> bool:
   return _fx_effects.ordered_effects.contains(effect)
 
 
-class EffectTypeSetEdit:
-  """Add `effect_type` to JAX's effect-type set `set_name`; undo removes it.
+class SetMemberEdit:
+  """Add `item` to the plain Python set `target`; undo removes it if we added it.
 
-  `EffectTypeSet` only has `add_type`; removal edits its `_effect_types` set
-  (the same in every JAX since the sets were introduced). A type that was
-  already a member is left alone both ways, so stock memberships survive
-  `uninstall()`.
+  A member that was already there is left alone both ways, so stock
+  memberships survive `uninstall()`.
   """
 
-  def __init__(self, set_name: str, effect_type: type):
-    self.name = set_name
-    self.effect_type = effect_type
-    self.applied = False
-    self._added = False
-
-  def apply(self) -> None:
-    if self.applied:
-      return
-    s = effect_type_set(self.name)
-    self._added = s is not None and self.effect_type not in s._effect_types
-    if self._added:
-      s.add_type(self.effect_type)
-    self.applied = True
-
-  def revert(self) -> None:
-    if not self.applied:
-      return
-    if self._added:
-      effect_type_set(self.name)._effect_types.discard(self.effect_type)
-    self._added = False
-    self.applied = False
-
-
-class SetMemberEdit:
-  """Add `item` to the plain Python set `target`; undo removes it if we added it."""
-
-  def __init__(self, name: str, target: set, item: Any):
+  def __init__(self, name: str, target: set | None, item: Any):
     self.name = name
     self.target = target
     self.item = item
     self.applied = False
     self._added = False
 
+  def _target(self) -> set | None:
+    return self.target
+
   def apply(self) -> None:
     if self.applied:
       return
-    self._added = self.item not in self.target
-    self.target.add(self.item)
+    target = self._target()
+    self._added = target is not None and self.item not in target
+    if self._added:
+      target.add(self.item)
     self.applied = True
 
   def revert(self) -> None:
     if not self.applied:
       return
     if self._added:
-      self.target.discard(self.item)
+      self._target().discard(self.item)
     self._added = False
     self.applied = False
+
+
+class EffectTypeSetEdit(SetMemberEdit):
+  """Add `effect_type` to JAX's effect-type set `set_name`; undo removes it.
+
+  `EffectTypeSet` only has `add_type`; removal edits its `_effect_types` set
+  (the same in every JAX since the sets were introduced). A set this JAX does
+  not have is skipped.
+  """
+
+  def __init__(self, set_name: str, effect_type: type):
+    super().__init__(set_name, None, effect_type)
+
+  def _target(self) -> set | None:
+    s = effect_type_set(self.name)
+    return None if s is None else s._effect_types
 
 
 # The debug primitives and their effects (jax/_src/debugging.py).
