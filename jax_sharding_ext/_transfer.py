@@ -96,7 +96,7 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
   for direction, idx in ((H2D, h2d), (D2D, d2d)):
     if not idx:
       continue
-    action = _ACTIONS[_compat.transfer_guard_level(direction)][True]
+    action = guard_action(direction, True)
     if action == "allow" and not recording:
       continue
     src = () if direction == H2D else tuple(
