@@ -1101,3 +1101,95 @@ def jitted_function_being_compiled() -> Any:
 
 
 __all__ += ["jitted_function_being_compiled"]
+
+
+# --- device_put with no target ---------------------------------------------
+# `jax.device_put(x)` (no device, no sharding) keeps a committed `jax.Array`
+# where it is: `dispatch._device_put_sharding_impl` returns it unchanged (or
+# copies it onto its own sharding). Any other type is treated like host data
+# and lands on the default device, uncommitted, before a shard-arg handler
+# ever sees it (the handler is only told the default device's sharding), so
+# a GDA would silently move all its shards to device 0. The one place that
+# sees "no target" together with the value is `dispatch._batched_device_put_impl`,
+# which `jax.device_put` calls eagerly through the module attribute (jax
+# 0.10.2 and 0.12.x; under a trace it binds `device_put_p`, whose operands
+# are tracers). No table exists for it, so the attribute is wrapped, with a
+# reversible edit that refuses to clobber someone else's wrapper.
+# ---------------------------------------------------------------------------
+
+_DP_IMPL_NAME = "_batched_device_put_impl"
+
+
+class DevicePutDefaultEdit:
+  """`jax.device_put(x)` with no target uses `default_of(x)` for values of `typ`."""
+
+  name = f"dispatch.{_DP_IMPL_NAME}"
+
+  def __init__(self, typ: type, default_of: Callable[[Any], Any]):
+    self.typ = typ
+    self.default_of = default_of
+    self.prev: Any = None
+    self.wrapper: Any = None
+
+  def apply(self) -> None:
+    if self.wrapper is not None:
+      return
+    prev = getattr(_fx_dispatch, _DP_IMPL_NAME)
+    typ, default_of = self.typ, self.default_of
+
+    def _batched_device_put_impl(*xs, devices, **kwargs):
+      if any(type(x) is typ and d is None for x, d in zip(xs, devices, strict=True)):
+        devices = [default_of(x) if type(x) is typ and d is None else d
+                   for x, d in zip(xs, devices, strict=True)]
+      return prev(*xs, devices=devices, **kwargs)
+
+    self.prev = prev
+    self.wrapper = _batched_device_put_impl
+    setattr(_fx_dispatch, _DP_IMPL_NAME, _batched_device_put_impl)
+
+  def revert(self) -> None:
+    if self.wrapper is None:
+      return
+    if getattr(_fx_dispatch, _DP_IMPL_NAME) is not self.wrapper:
+      raise RuntimeError(
+          f"Cannot uninstall jax_sharding_ext: {self.name} was replaced by "
+          "someone else after jax_sharding_ext wrapped it. Uninstall the other "
+          "extension first.")
+    setattr(_fx_dispatch, _DP_IMPL_NAME, self.prev)
+    self.prev = self.wrapper = None
+
+
+__all__ += ["DevicePutDefaultEdit"]
+
+
+# --- AOT calls ----------------------------------------------------------------
+# A compiled executable (`jax.jit(...).lower(...).compile()`, also legacy
+# `pjit(...).lower(...).compile()`) checks its arguments' shardings in
+# `pxla.MeshExecutable.call` (`check_array_xla_sharding_layout_match`), but
+# only those of `ArrayImpl` arguments: any other type is resharded silently by
+# its shard-arg handler. A GDA's handler runs inside that frame on the AOT
+# path and never on the `jax.jit` path (which calls `unsafe_call` directly and
+# resolves committed shardings itself), so finding the frame tells the
+# handler to apply stock's check instead of resharding. Rare path only: the
+# handler looks only when an argument would move.
+# ---------------------------------------------------------------------------
+
+_AOT_CALL_CODE = _dn_code(getattr(_pxla, "MeshExecutable", None), "call")
+
+HAS_AOT_CALL_FRAME = _AOT_CALL_CODE is not None
+"""True when `pxla.MeshExecutable.call` (the AOT argument check) was found."""
+
+
+def in_aot_call(max_depth: int = 16) -> bool:
+  """True when called (from a shard-arg handler) inside an AOT executable call."""
+  frame = _dn_sys._getframe(1)
+  for _ in range(max_depth):
+    if frame is None:
+      return False
+    if frame.f_code is _AOT_CALL_CODE:
+      return True
+    frame = frame.f_back
+  return False
+
+
+__all__ += ["HAS_AOT_CALL_FRAME", "in_aot_call"]

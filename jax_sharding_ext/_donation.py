@@ -25,8 +25,8 @@ crashes (jaxlib 0.10.2). Two pieces make sure such a call never runs:
   every array argument of a call that involves a GDA.
 * `dispatch_key` computes the GDA's static field in jit's C++ dispatch
   registry, the only Python that runs on a warm call, so that a call with a
-  donated GDA, or with a GDA repeated in a way no earlier (checked) call
-  repeated it, misses the C++ cache and takes the Python path above.
+  deleted GDA, or with any other reference to a GDA's array (a possible
+  alias), misses the C++ cache and takes the Python path above.
 
 Calls made only of `jax.Array`s never reach this package (stock behaviour).
 
@@ -210,52 +210,56 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
 # path unpacks a GDA to its `jax.Array` through `tree_util.dispatch_registry`
 # (`_compat.DispatchNodeEdit`, registered as a dataclass node with data field
 # `_arr` and static field `_dispatch_key`) and executes directly. There, stock
-# jaxlib 0.10.2 crashes the process (SIGSEGV, 8 CPU devices) both for an array
-# that was already donated and for `f(donate(x), x)`. The static field is the
-# one piece of Python that C++ runs for every GDA of every call (it reads it
-# before `_arr`), and it is part of the C++ cache key; `dispatch_key` computes
-# it so that neither case can hit a cached executable:
+# jaxlib 0.10.2 crashes the process (SIGSEGV, 8 CPU devices) for an array that
+# was already donated and for a call that donates an array it also passes
+# undonated (`f(donate(g), g)`, `f(g.to_jax_array(), donate(g))`). The static
+# field is the one piece of Python that C++ runs for every GDA of every call
+# (it reads it before `_arr`), and it is part of the C++ cache key, so
+# `dispatch_key` decides which calls may use a cached executable:
 #
-# * a deleted (donated) array gets a fresh `object()` key, which matches no
-#   cache entry, so the call falls back to the Python path, where
-#   `GlobalDeviceArray._checked_array` raises the "deleted or donated" error;
-# * the second and later occurrences of one array in a call get a non-None key:
-#   the distance (in GDA leaves flattened on this thread) to its previous
-#   occurrence. A call's key pattern then records which of its GDA leaves repeat
-#   which, so a call with a repeat only hits an entry created by an earlier
-#   call with the same repeats, and that call passed `check_donated_args` on
-#   the Python path (same function, so the same donated positions). A
-#   non-donating `f(x, x)` keeps its fast path.
+# * `None` (cacheable: the fast path) only when nothing but this GDA holds a
+#   reference to its `jax.Array`. Then no other argument of the call can be
+#   that array: every argument of a call is referenced by the call itself
+#   (C++ holds each leaf it has flattened, the caller holds the arguments),
+#   so an alias anywhere in the call -- the same GDA twice, two GDAs over one
+#   array, the GDA's own `to_jax_array()` -- shows as an extra reference.
+# * a fresh `object()` otherwise (deleted, or referenced elsewhere): it matches
+#   no cache entry, so the call takes the Python path, where
+#   `GlobalDeviceArray._checked_array` refuses a deleted array and
+#   `check_donated_args` refuses a donated alias, before anything runs.
 #
-# A repeat is recognised by reference counts: while C++ flattens a call it
-# holds one reference per leaf already flattened, so the n-th occurrence of an
-# array in a call sees `sys.getrefcount` exactly n-1 above the first
-# occurrence's; between calls those references are gone. If the program adds
-# references to the array between two calls (`y = gda.to_jax_array()`), the
-# next call may be taken for a repeat; its key distance then exceeds the
-# leaf's position in the call (a true repeat's distance cannot), so the worst
-# case is one extra trip through the Python path. Not covered on the warm path:
-# a GDA passed together with its own `jax.Array` (`gda.to_jax_array()`), since
-# a plain `jax.Array` leaf runs no Python; the Python path still refuses it.
+# The price of soundness: while the program keeps another reference to a
+# GDA's `jax.Array` (`arr = gda.to_jax_array()` kept alive, or the array a GDA
+# was made from with `from_jax_array`), calls with that GDA take JAX's Python
+# dispatch path. Counting references cannot tell "held by a variable" from
+# "passed again in this call" (an earlier version tried, and a call could
+# then reuse an executable cached by a call with a different aliasing).
 # ---------------------------------------------------------------------------
 
 import sys as _sys  # noqa: E402
-import threading as _threading  # noqa: E402
 
 _getrefcount = _sys.getrefcount
 
-_SEEN_LIMIT = 1 << 14
-"""Arrays remembered per thread; the older half is dropped past this."""
+
+class _RefcountProbe:
+  __slots__ = ("_arr",)
 
 
-class _DispatchState(_threading.local):
-  """Per thread: [number of GDA leaves flattened, {id(array): [n, refcount, count]}]."""
+def _sole_owner_refcount() -> int:
+  """`getrefcount` of an object held only by one slot, read as `dispatch_key` reads it.
 
-  def __init__(self):
-    self.s = [0, {}]
+  Measured rather than assumed (3 on CPython 3.11 and 3.12: the slot, the
+  local, the argument of `getrefcount`), so an interpreter that counts
+  differently keeps the check sound; `tests/test_dispatch.py` fails if warm
+  calls stop hitting the fast path.
+  """
+  probe = _RefcountProbe()
+  probe._arr = object()
+  arr = probe._arr
+  return _getrefcount(arr)
 
 
-_dispatch_state = _DispatchState()
+_SOLE_OWNER = _sole_owner_refcount()
 
 
 def dispatch_key(gda: Any) -> Any:
@@ -264,25 +268,6 @@ def dispatch_key(gda: Any) -> Any:
   if off is not None:  # uninstalled: a key no warm entry has
     return off
   arr = gda._arr
-  if arr.is_deleted():
-    return object()  # never cached: the Python path raises the clear error
-  s = _dispatch_state.s
-  n = s[0] = s[0] + 1
-  rc = _getrefcount(arr)
-  seen = s[1]
-  e = seen.get(id(arr))
-  if e is None:
-    seen[id(arr)] = [n, rc, 1]
-    if len(seen) > _SEEN_LIMIT:
-      cut = n - _SEEN_LIMIT // 2
-      s[1] = {k: v for k, v in seen.items() if v[0] > cut}
+  if _getrefcount(arr) == _SOLE_OWNER and not arr.is_deleted():
     return None
-  if rc == e[1] + e[2]:  # every earlier occurrence is still held: this call
-    distance = n - e[0]
-    e[0] = n
-    e[2] += 1
-    return distance
-  e[0] = n
-  e[1] = rc
-  e[2] = 1
-  return None
+  return object()  # never cached: the Python path checks the call

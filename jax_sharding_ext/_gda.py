@@ -38,15 +38,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from jax_sharding_ext import _compat, _donation, _transfer
-from jax_sharding_ext._shard_math import (
-  Index,
-  MeshAxes,
-  Shape,
-  _hashable,
-  _layout,
-  normalize_mesh_axes,
-  to_partition_spec,
-)
+from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, layout
+from jax_sharding_ext._surface import _ArraySurface
 
 
 class _Sentinel:
@@ -95,23 +88,14 @@ class Shard:
   data: jax.Array | None = None
 
 
-def _layout_of(shape, mesh, mesh_axes):
-  shape, key = _hashable(shape, mesh_axes)
-  return _layout(shape, mesh, key)
-
-
-def _named_sharding(mesh: Mesh, shape: Shape, mesh_axes: MeshAxes) -> NamedSharding:
-  return NamedSharding(mesh, to_partition_spec(normalize_mesh_axes(shape, mesh, mesh_axes)))
-
-
-def _check_buffers(global_shape, mesh, mesh_axes, buffers) -> Any:
+def _check_buffers(lay, mesh, mesh_axes, buffers) -> Any:
   """Validate constructor `device_buffers`; return their common dtype."""
   if isinstance(buffers, (str, bytes)) or not isinstance(buffers, Sequence):
     raise TypeError(
         "`device_buffers` must be a list of single-device `jax.Array`s, one per "
         f"device of `global_mesh.local_devices`; got {type(buffers).__name__}.")
   local_devices = list(mesh.local_devices)
-  spec_text = f"shape {tuple(global_shape)} and mesh axes {mesh_axes!r}"
+  spec_text = f"shape {lay.shape} and mesh axes {mesh_axes!r}"
   if len(buffers) != len(local_devices):
     got = [_device_of(b) for b in buffers]
     raise ValueError(
@@ -139,7 +123,7 @@ def _check_buffers(global_shape, mesh, mesh_axes, buffers) -> Any:
           f"match. Got buffers on {[_device_of(x) for x in buffers]}, expected "
           f"{local_devices}. Put arrays on devices in `global_mesh.local_devices` "
           "order (not `jax.local_devices()` order).")
-  _, _, shard_shape = _layout_of(global_shape, mesh, mesh_axes)
+  shard_shape = lay.shard_shape
   shapes = [tuple(b.shape) for b in buffers]
   if any(s != shard_shape for s in shapes):
     raise ValueError(
@@ -147,11 +131,23 @@ def _check_buffers(global_shape, mesh, mesh_axes, buffers) -> Any:
         f"every shard to have shape {shard_shape}, but the buffers have shapes "
         f"{shapes}.")
   dtypes_ = [b.dtype for b in buffers]
+  for i, dt in enumerate(dtypes_):
+    if not _compat.is_plain_dtype(dt):
+      raise TypeError(_extended_dtype_error(dt, f"`device_buffers[{i}]`"))
   if any(dt != dtypes_[0] for dt in dtypes_):
     raise ValueError(
         "Input arrays to `GlobalDeviceArray` must have matching dtypes, got "
         f"{[str(dt) for dt in dtypes_]}.")
   return dtypes_[0] if dtypes_ else None
+
+
+def _extended_dtype_error(dtype, what: str) -> str:
+  return (
+      f"{what} has dtype {dtype}, which a `GlobalDeviceArray` cannot hold: typed "
+      "PRNG key arrays and other extended dtypes are not arrays of numbers (the "
+      "GDA era had none). Keep them as `jax.Array`s, or pass "
+      "`jax.random.key_data(keys)` (a uint32 array) and rewrap with "
+      "`jax.random.wrap_key_data` inside your function.")
 
 
 def _device_of(b) -> Any:
@@ -176,7 +172,7 @@ class _GdaMeta(type):
     return super().__call__(*args, **kwargs)
 
 
-class GlobalDeviceArray(metaclass=_GdaMeta):
+class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
   """A logical array sharded across the devices (and processes) of a mesh.
 
   Each process holds a `GlobalDeviceArray` for the same global array; it can
@@ -216,10 +212,10 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
 
   def __init__(self, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
                device_buffers: Sequence[jax.Array]):
-    sharding = _named_sharding(global_mesh, global_shape, mesh_axes)
-    _check_buffers(global_shape, global_mesh, mesh_axes, device_buffers)
+    lay = layout(global_shape, global_mesh, mesh_axes)
+    _check_buffers(lay, global_mesh, mesh_axes, device_buffers)
     arr = jax.make_array_from_single_device_arrays(
-        tuple(global_shape), sharding, list(device_buffers))
+        lay.shape, NamedSharding(global_mesh, lay.spec), list(device_buffers))
     self._init(arr, global_mesh, mesh_axes)
 
   def _init(self, arr: jax.Array, mesh: Mesh, mesh_axes: MeshAxes) -> None:
@@ -263,27 +259,43 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
           "`GlobalDeviceArray.from_jax_array` got a `jax.Array` that has been "
           "deleted or donated.")
     if not _compat.is_plain_dtype(arr.dtype):
-      raise TypeError(
-          f"`GlobalDeviceArray` cannot hold dtype {arr.dtype} (PRNG keys and "
-          "other extended dtypes are not arrays of numbers).")
+      raise TypeError(_extended_dtype_error(arr.dtype, "The `jax.Array`"))
     return cls._wrap(arr)
 
   def to_jax_array(self) -> jax.Array:
     """Return the `jax.Array` this GDA views (the same buffers; no copy)."""
     return self._checked_array("convert it with `to_jax_array()`")
 
-  def __jax_array__(self) -> jax.Array:
+  @property
+  def __jax_array__(self) -> Callable[[], jax.Array]:
+    # A property, so that JAX's own `getattr(x, "__jax_array__", None)`
+    # probe gets the clear TypeError while the package is uninstalled
+    # (rather than stock's ValueError about `__jax_array__`).
+    if type(self)._dispatch_off is not None:
+      raise TypeError(
+          f"Argument {self} of type {type(self)} is not a valid JAX type: "
+          "jax_sharding_ext is uninstalled, so JAX no longer knows "
+          "`GlobalDeviceArray`. Call `jax_sharding_ext.install()`, or pass "
+          "`gda.to_jax_array()`.")
+    return self._jax_array
+
+  def _jax_array(self) -> jax.Array:
     return self._checked_array("use it in a JAX operation")
 
   def _checked_array(self, action: str) -> jax.Array:
     arr = self._arr
     if arr.is_deleted():
       raise RuntimeError(
-          f"Cannot {action}: this GlobalDeviceArray (shape={self.shape}, "
-          f"dtype={self.dtype}) has been deleted or donated. After "
-          "`jax.jit(..., donate_argnums=...)` use the function's output instead "
-          "of the donated input.")
+          f"GlobalDeviceArray has been deleted. Cannot {action}: this "
+          f"GlobalDeviceArray (shape={self.shape}, dtype={self.dtype}) has been "
+          "deleted or donated. After `jax.jit(..., donate_argnums=...)` use the "
+          "function's output instead of the donated input.")
     return arr
+
+  def _host_array(self) -> jax.Array:
+    """The view, after fetching its value to the host (an implicit transfer)."""
+    _transfer.to_host(self)
+    return self._arr
 
   # -- constructors from host data ------------------------------------------
 
@@ -306,10 +318,9 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
     the returned memory afterwards; return a copy if you reuse the buffer.
     """
     _require_callable(data_callback, "data_callback")
-    sharding, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
+    lay, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
     values = [data_callback(idx) for idx in indices]
-    return cls._from_host_values(global_shape, global_mesh, mesh_axes, sharding, devices,
-                                 indices, values)
+    return cls._from_host_values(lay, global_mesh, mesh_axes, devices, indices, values)
 
   @classmethod
   def from_batched_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
@@ -321,7 +332,7 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
     `global_mesh.local_devices` order) and returns one array-like per index.
     """
     _require_callable(data_callback, "data_callback")
-    sharding, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
+    lay, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
     values = data_callback(list(indices))
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
       raise TypeError(
@@ -331,8 +342,7 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
       raise ValueError(
           f"`data_callback` of `from_batched_callback` was given {len(indices)} "
           f"indices (one per local device) but returned {len(values)} arrays.")
-    return cls._from_host_values(global_shape, global_mesh, mesh_axes, sharding, devices,
-                                 indices, values)
+    return cls._from_host_values(lay, global_mesh, mesh_axes, devices, indices, values)
 
   @classmethod
   def from_batched_callback_with_devices(
@@ -349,7 +359,7 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
     devices by where they live.
     """
     _require_callable(data_callback, "data_callback")
-    _, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
+    lay, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
     groups: dict[tuple, tuple[Index, list[Any]]] = {}
     for d, idx in zip(devices, indices, strict=True):
       key = tuple((s.start, s.stop) for s in idx)
@@ -362,12 +372,12 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
           by_device.setdefault(next(iter(a.sharding.device_set)), a)
       if set(by_device) == set(devices):
         arrays = [by_device[d] for d in devices]
-    return cls(global_shape, global_mesh, mesh_axes, arrays)
+    return cls(lay.shape, global_mesh, mesh_axes, arrays)
 
   @classmethod
-  def _from_host_values(cls, global_shape, mesh, mesh_axes, sharding, devices, indices,
+  def _from_host_values(cls, lay, mesh, mesh_axes, devices, indices,
                         values) -> GlobalDeviceArray:
-    _, _, shard_shape = _layout_of(global_shape, mesh, mesh_axes)
+    shard_shape = lay.shard_shape
     prepared = []
     dtype = None
     for i, (v, idx) in enumerate(zip(values, indices, strict=True)):
@@ -386,7 +396,7 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
         raise ValueError(
             f"`data_callback` returned shape {tuple(v.shape)} for index {idx} "
             f"(device {devices[i]}), but shards of global shape "
-            f"{tuple(global_shape)} with mesh axes {mesh_axes!r} have shape "
+            f"{lay.shape} with mesh axes {mesh_axes!r} have shape "
             f"{shard_shape}. Return `global_data[index]`.")
       if dtype is None:
         dtype = v.dtype
@@ -398,7 +408,8 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
       prepared.append(v)
     if dtype is None:  # a process with no local devices in the mesh
       dtype = np.dtype(np.float32)
-    arr = _transfer.place_host_shards(global_shape, dtype, sharding, prepared, devices)
+    arr = _transfer.place_host_shards(lay.shape, dtype, NamedSharding(mesh, lay.spec),
+                                      prepared, devices)
     return cls._wrap(arr, mesh_axes)
 
   # -- attributes ---------------------------------------------------------------
@@ -453,7 +464,8 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
     arr = self._checked_array("read its local shards")
     shards = self._local_shards
     if shards is None:
-      indices, rids, _ = _layout_of(self.shape, self._mesh, self._mesh_axes)
+      lay = layout(self.shape, self._mesh, self._mesh_axes)
+      indices, rids = lay.indices, lay.replica_ids
       pos = {d: i for i, d in enumerate(self._mesh.devices.flat)}
       data = {s.device: s.data for s in arr.addressable_shards}
       shards = [Shard(d, indices[pos[d]], rids[pos[d]], data[d])
@@ -467,7 +479,8 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
   def global_shards(self) -> list[Shard]:
     """Every device's shard; `data` is None for devices of other processes."""
     local = {s.device: s for s in self.local_shards}
-    indices, rids, _ = _layout_of(self.shape, self._mesh, self._mesh_axes)
+    lay = layout(self.shape, self._mesh, self._mesh_axes)
+    indices, rids = lay.indices, lay.replica_ids
     return [local.get(d) or Shard(d, idx, rid, None)
             for d, idx, rid in zip(self._mesh.devices.flat, indices, rids, strict=True)]
 
@@ -534,12 +547,30 @@ class GlobalDeviceArray(metaclass=_GdaMeta):
   __hash__ = None  # type: ignore[assignment]
 
   def __str__(self) -> str:
-    return f"GlobalDeviceArray(shape={self.shape}, dtype={self.dtype})"
+    return f"GlobalDeviceArray(shape={self.shape}, dtype={self.dtype}{self._deleted_note()})"
 
   def __repr__(self) -> str:
     return (f"GlobalDeviceArray(shape={self.shape}, dtype={self.dtype}, "
             f"global_mesh_shape={dict(self._mesh.shape)}, "
-            f"mesh_axes={self._mesh_axes!r})")
+            f"mesh_axes={self._mesh_axes!r}{self._deleted_note()})")
+
+  def _deleted_note(self) -> str:
+    # Stock `jax.Array` raises in repr once deleted; a notebook must still be
+    # able to display a donated GDA, so it says so instead.
+    return ", deleted=True" if self._arr.is_deleted() else ""
+
+  def __reduce__(self):
+    """Pickle by value, as stock does for a sharded `jax.Array`.
+
+    The value is fetched (an implicit device_to_host transfer) and stored
+    with the mesh's device ids, axis names and `mesh_axes`. Unpickled where
+    those devices exist, it is a GDA on the same mesh; elsewhere a
+    `jax.Array` on the default device, as stock unpickles any array.
+    """
+    value = self.__array__()
+    mesh = self._mesh
+    ids = np.vectorize(lambda d: d.id, otypes=[int])(mesh.devices)
+    return (_unpickle, (value, ids, tuple(mesh.axis_names), self._mesh_axes))
 
   def _repr_html_(self) -> str:
     from jax_sharding_ext._html import gda_html
@@ -552,18 +583,26 @@ GlobalDeviceArray.__signature__ = inspect.signature(GlobalDeviceArray.__init__).
     parameters=list(inspect.signature(GlobalDeviceArray.__init__).parameters.values())[1:])
 
 
+def _unpickle(value: np.ndarray, device_ids: np.ndarray, axis_names: tuple,
+              mesh_axes: MeshAxes):
+  by_id = {d.id: d for d in jax.devices()}
+  if not all(int(i) in by_id for i in device_ids.flat):
+    return jax.numpy.asarray(value)
+  mesh = Mesh(np.vectorize(lambda i: by_id[int(i)], otypes=[object])(device_ids), axis_names)
+  return GlobalDeviceArray.from_callback(value.shape, mesh, mesh_axes, lambda idx: value[idx])
+
+
 def _require_callable(fn, name: str) -> None:
   if not callable(fn):
     raise TypeError(f"`{name}` must be callable, got {type(fn).__name__}.")
 
 
 def _placement(global_shape, mesh, mesh_axes):
-  """(sharding, local devices, their seed indices) for a new GDA."""
-  sharding = _named_sharding(mesh, global_shape, mesh_axes)
-  indices, _, _ = _layout_of(global_shape, mesh, mesh_axes)
+  """(validated layout, local devices, their seed indices) for a new GDA."""
+  lay = layout(global_shape, mesh, mesh_axes)
   pos = {d: i for i, d in enumerate(mesh.devices.flat)}
   devices = list(mesh.local_devices)
-  return sharding, devices, [indices[pos[d]] for d in devices]
+  return lay, devices, [lay.indices[pos[d]] for d in devices]
 
 
 # ---------------------------------------------------------------------------
@@ -583,3 +622,9 @@ def _gda_shard_arg(xs, shardings, layouts, copy_semantics):
 def _gda_constant_handler(x: GlobalDeviceArray, aval):
   # Embedding fetches the value to the host: an implicit transfer.
   return _transfer.embed_constant(x, aval)
+
+
+def _gda_device_put_default(x: GlobalDeviceArray):
+  # `jax.device_put(gda)` keeps a committed array where it is, as for a
+  # `jax.Array` (stock returns it unchanged, or copies it in place).
+  return x._checked_array("pass it to `jax.device_put`").sharding

@@ -16,6 +16,8 @@ def _fmt_index(index) -> str:
 
 def gda_html(gda) -> str:
   """One row per device of the mesh: its mesh position, slice and replica id."""
+  if gda.is_deleted():
+    return f"<div><p><code>{html.escape(repr(gda))}</code></p><p>deleted</p></div>"
   mesh = gda.mesh
   names = list(mesh.axis_names)
   rows = []

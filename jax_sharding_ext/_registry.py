@@ -50,6 +50,7 @@ def _build_edits() -> list:
       _ResultHandlerEdit("global_result_handlers", _compat.global_result_handlers,
                          _compat.ShapedArray, _output.result_handler),
       _compat.DispatchNodeEdit(GDA),
+      _compat.DevicePutDefaultEdit(GDA, _gda._gda_device_put_default),
       *_effects.table_edits(),
   ]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
@@ -29,63 +29,106 @@ MeshAxes = Any  # PartitionSpec | Sequence[str | tuple[str, ...] | None]
 NormalizedAxes = tuple[tuple[str, ...], ...]
 
 
-def normalize_mesh_axes(global_shape: Sequence[int], mesh: Mesh,
-                        mesh_axes: MeshAxes) -> NormalizedAxes:
-  """Return one tuple of mesh-axis names per dimension, validated.
+_SHAPE_RULE = (
+    "Shapes must be 1D sequences of concrete values of integer type (Python or "
+    "numpy ints), as for `jax.make_array_from_callback`.")
+
+
+def canonical_shape(global_shape: Any, name: str = "global_shape") -> Shape:
+  """Return `global_shape` as a tuple of Python ints, or raise.
+
+  Runs before any cache lookup: `(8.0, 2)` equals and hashes like `(8, 2)`,
+  so a float that reached a cache would poison the entry for the int shape.
+
+  Raises:
+    TypeError: not a sequence, or an entry that is not an integer.
+    ValueError: a negative dimension.
+  """
+  if type(global_shape) is tuple and all(type(d) is int for d in global_shape):
+    shape = global_shape  # the common case, already canonical
+  else:
+    if isinstance(global_shape, np.ndarray) and global_shape.ndim == 1:
+      global_shape = global_shape.tolist()
+    if isinstance(global_shape, (str, bytes)) or not isinstance(global_shape, Sequence):
+      raise TypeError(
+          f"`{name}` must be a tuple of ints, got {type(global_shape).__name__} "
+          f"{global_shape!r}. {_SHAPE_RULE}")
+    dims = []
+    for i, d in enumerate(global_shape):
+      if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+        raise TypeError(
+            f"`{name}` must be a tuple of ints, got {tuple(global_shape)!r}: entry "
+            f"{i} is {d!r} ({type(d).__name__}). {_SHAPE_RULE} Pass e.g. "
+            f"`({', '.join('8' for _ in global_shape)})`.")
+      dims.append(int(d))
+    shape = tuple(dims)
+  if any(d < 0 for d in shape):
+    raise ValueError(f"`{name}` {shape} has a negative dimension.")
+  return shape
+
+
+def canonical_mesh_axes(mesh_axes: MeshAxes) -> tuple[str | tuple[str, ...] | None, ...]:
+  """Return `mesh_axes` as a hashable tuple of `None` / name / tuple of names.
+
+  Checks types only (names against the mesh are checked by
+  `normalize_mesh_axes`); runs before any cache lookup.
 
   Raises:
     TypeError: `mesh_axes` or one of its entries has the wrong type.
+  """
+  if mesh_axes is None:
+    return ()
+  if isinstance(mesh_axes, str) or not isinstance(mesh_axes, (PartitionSpec, tuple, list)):
+    raise TypeError(
+        "`mesh_axes` must be a PartitionSpec or a list/tuple of axis names, "
+        f"tuples of axis names, or None; got {type(mesh_axes).__name__} {mesh_axes!r}."
+        + (f" Wrap a single axis as `PartitionSpec({mesh_axes!r})`."
+           if isinstance(mesh_axes, str) else ""))
+  out: list[Any] = []
+  for dim, entry in enumerate(mesh_axes):
+    if entry is None or type(entry) is str:
+      out.append(entry)
+      continue
+    names = (entry,) if isinstance(entry, str) else entry
+    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+      raise TypeError(
+          f"`mesh_axes` entry {entry!r} for dimension {dim} must be a mesh axis "
+          "name (str), a tuple of axis names, or None.")
+    names = tuple(str(n) for n in names)
+    out.append(names[0] if isinstance(entry, str) else names)
+  return tuple(out)
+
+
+def normalize_mesh_axes(shape: Shape, mesh: Mesh,
+                        axes: tuple[Any, ...]) -> NormalizedAxes:
+  """One tuple of mesh-axis names per dimension, checked against the mesh.
+
+  `shape` and `axes` are canonical (`canonical_shape`, `canonical_mesh_axes`).
+
+  Raises:
     ValueError: an unknown or repeated axis, too many entries, or a dimension
       that does not divide evenly among its axes.
   """
-  if not isinstance(mesh, Mesh):
-    raise TypeError(
-        f"`global_mesh` must be a `jax.sharding.Mesh`, got {type(mesh).__name__}.")
-  try:
-    shape = tuple(int(d) for d in global_shape)
-  except TypeError:
-    raise TypeError(
-        f"`global_shape` must be a sequence of ints, got {global_shape!r}.") from None
-  if any(d < 0 for d in shape):
-    raise ValueError(f"`global_shape` {shape} has a negative dimension.")
-  if mesh_axes is None:
-    mesh_axes = ()
-  if isinstance(mesh_axes, str) or not isinstance(mesh_axes, (PartitionSpec, Sequence)):
-    raise TypeError(
-        "`mesh_axes` must be a PartitionSpec or a list/tuple of axis names, "
-        f"tuples of axis names, or None; got {mesh_axes!r}."
-        + (f" Wrap a single axis as `PartitionSpec({mesh_axes!r})`."
-           if isinstance(mesh_axes, str) else ""))
-  entries = tuple(mesh_axes)
-  if len(entries) > len(shape):
-    raise ValueError(
-        f"`mesh_axes` {mesh_axes!r} has {len(entries)} entries but the array has "
-        f"rank {len(shape)} (shape {shape}). Give at most one entry per dimension.")
+  if len(axes) > len(shape):
+    if any(e is not None for e in axes[len(shape):]):
+      raise ValueError(
+          f"`mesh_axes` {axes!r} has {len(axes)} entries but the array has rank "
+          f"{len(shape)} (shape {shape}). Give at most one entry per dimension "
+          "(trailing `None`s beyond the rank are allowed and ignored).")
+    axes = axes[:len(shape)]
   out: list[tuple[str, ...]] = []
   seen: dict[str, int] = {}
-  for dim, entry in enumerate(entries):
-    if entry is None:
-      names: tuple[Any, ...] = ()
-    elif isinstance(entry, str):
-      names = (entry,)
-    elif isinstance(entry, (tuple, list)):
-      names = tuple(entry)
-    else:
-      raise TypeError(
-          f"`mesh_axes` entry {entry!r} for dimension {dim} must be an axis "
-          "name, a tuple of axis names, or None.")
+  for dim, entry in enumerate(axes):
+    names: tuple[str, ...] = () if entry is None else (entry,) if isinstance(entry, str) else entry
     for name in names:
-      if not isinstance(name, str):
-        raise TypeError(
-            f"`mesh_axes` entry {entry!r} for dimension {dim} contains "
-            f"{name!r}, which is not an axis name (str).")
       if name not in mesh.shape:
         raise ValueError(
-            f"`mesh_axes` {mesh_axes!r} names mesh axis {name!r}, which is not "
-            f"in the mesh (axes {tuple(mesh.axis_names)}).")
+            f"Resource axis: {name} of mesh_axes is undefined. `mesh_axes` "
+            f"{axes!r} names mesh axis {name!r}, which is not in the mesh (axes "
+            f"{tuple(mesh.axis_names)}).")
       if name in seen:
         raise ValueError(
-            f"`mesh_axes` {mesh_axes!r} uses mesh axis {name!r} for dimensions "
+            f"`mesh_axes` {axes!r} uses mesh axis {name!r} for dimensions "
             f"{seen[name]} and {dim}; each mesh axis may split at most one "
             "dimension.")
       seen[name] = dim
@@ -97,7 +140,7 @@ def normalize_mesh_axes(global_shape: Sequence[int], mesh: Mesh,
           f"{names} (mesh shape {dict(mesh.shape)}). Pad the array or choose "
           "mesh axes whose sizes divide it.")
     out.append(names)
-  out.extend(() for _ in range(len(shape) - len(entries)))
+  out.extend(() for _ in range(len(shape) - len(axes)))
   return tuple(out)
 
 
@@ -109,17 +152,36 @@ def to_partition_spec(axes: NormalizedAxes) -> PartitionSpec:
   return PartitionSpec(*entries)
 
 
-def _hashable(shape, mesh_axes):
-  """Lists are accepted for `global_shape` / `mesh_axes`; the caches need tuples."""
-  if isinstance(mesh_axes, list):
-    mesh_axes = tuple(tuple(e) if isinstance(e, list) else e for e in mesh_axes)
-  return tuple(shape), mesh_axes
+class Layout(NamedTuple):
+  """Where the shards of one (shape, mesh, mesh_axes) live."""
+
+  shape: Shape
+  indices: tuple[Index, ...]  # in mesh.devices.flat order
+  replica_ids: tuple[int, ...]
+  shard_shape: Shape
+  spec: PartitionSpec
+
+
+def layout(global_shape: Any, mesh: Any, mesh_axes: MeshAxes) -> Layout:
+  """Validate the arguments, then return their (cached) `Layout`.
+
+  Every entry point goes through here, so no unchecked value reaches the
+  cache: shapes become tuples of ints and `mesh_axes` a canonical tuple first.
+
+  Raises:
+    TypeError: a wrong type for any argument.
+    ValueError: a shape and mesh axes that do not fit the mesh.
+  """
+  shape = canonical_shape(global_shape)
+  if not isinstance(mesh, Mesh):
+    raise TypeError(
+        f"`global_mesh` must be a `jax.sharding.Mesh`, got {type(mesh).__name__}.")
+  return _layout(shape, mesh, canonical_mesh_axes(mesh_axes))
 
 
 @functools.lru_cache(maxsize=4096)
-def _layout(shape: Shape, mesh: Mesh, mesh_axes: MeshAxes):
-  """(indices in mesh.devices.flat order, replica ids, shard shape)."""
-  axes = normalize_mesh_axes(shape, mesh, mesh_axes)
+def _layout(shape: Shape, mesh: Mesh, axes_key: tuple[Any, ...]) -> Layout:
+  axes = normalize_mesh_axes(shape, mesh, axes_key)
   names = tuple(mesh.axis_names)
   sizes = tuple(mesh.devices.shape)
   shard_shape = tuple(
@@ -143,7 +205,7 @@ def _layout(shape: Shape, mesh: Mesh, mesh_axes: MeshAxes):
     replica_ids.append(counts.get(key, 0))
     counts[key] = replica_ids[-1] + 1
     indices.append(index_t)
-  return tuple(indices), tuple(replica_ids), shard_shape
+  return Layout(shape, tuple(indices), tuple(replica_ids), shard_shape, to_partition_spec(axes))
 
 
 def get_shard_indices(global_shape: Shape, global_mesh: Mesh,
@@ -160,9 +222,8 @@ def get_shard_indices(global_shape: Shape, global_mesh: Mesh,
     A dict from each device to its index, a tuple of `slice` with
     `slice(None)` for dimensions that are not split.
   """
-  shape, mesh_axes = _hashable(global_shape, mesh_axes)
-  indices, _, _ = _layout(shape, global_mesh, mesh_axes)
-  return dict(zip(global_mesh.devices.flat, indices, strict=True))
+  lay = layout(global_shape, global_mesh, mesh_axes)
+  return dict(zip(global_mesh.devices.flat, lay.indices, strict=True))
 
 
 def get_shard_indices_replica_ids(global_shape: Shape, global_mesh: Mesh,
@@ -172,12 +233,11 @@ def get_shard_indices_replica_ids(global_shape: Shape, global_mesh: Mesh,
   Replica ids count up from 0 for each distinct index, in
   `global_mesh.devices.flat` order.
   """
-  shape, mesh_axes = _hashable(global_shape, mesh_axes)
-  indices, rids, _ = _layout(shape, global_mesh, mesh_axes)
-  return dict(zip(global_mesh.devices.flat, zip(indices, rids, strict=True), strict=True))
+  lay = layout(global_shape, global_mesh, mesh_axes)
+  return dict(zip(global_mesh.devices.flat, zip(lay.indices, lay.replica_ids, strict=True),
+                  strict=True))
 
 
 def get_shard_shape(global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes) -> Shape:
   """Return the shape of every shard of the global array."""
-  shape, mesh_axes = _hashable(global_shape, mesh_axes)
-  return _layout(shape, global_mesh, mesh_axes)[2]
+  return layout(global_shape, global_mesh, mesh_axes).shard_shape

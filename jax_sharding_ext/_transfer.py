@@ -122,7 +122,25 @@ def shard_args(gdas, shardings, layouts, copy_semantics):
   moving = _moving_args(arrays, shardings, layouts, copy_semantics)
   if not moving:  # the common `jax.jit` case: the buffers are handed over as is
     return _compat.array_shard_arg(arrays, shardings, layouts, copy_semantics)
+  if _compat.in_aot_call():
+    raise _aot_mismatch_error(arrays, shardings, moving)
   return _reshard(arrays, shardings, layouts, copy_semantics, moving)
+
+
+def _aot_mismatch_error(arrays, shardings, moving) -> ValueError:
+  """Stock's error for a compiled executable called with other shardings.
+
+  `MeshExecutable.call` raises it for a committed `jax.Array` whose sharding
+  is not equivalent to the compiled one; a GDA is always committed.
+  """
+  lines = [f"GlobalDeviceArray argument with shape {arrays[i].shape}:\n"
+           f"  Passed sharding: {arrays[i].sharding}\n  Required sharding: {shardings[i]}"
+           for i in moving]
+  return ValueError(
+      "Computation was compiled for input shardings that disagree with the "
+      f"shardings of arguments passed to it. Here are the {len(lines)} "
+      "mismatches:\n" + "\n".join(lines) + "\nReshard the argument first "
+      "(`jax.device_put(gda, sharding)`), or lower and compile for its sharding.")
 
 
 def to_host(gda, dtype=None) -> np.ndarray:

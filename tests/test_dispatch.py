@@ -31,9 +31,12 @@ def test_gda_args_hit_the_cpp_fast_path(mesh_2d, flag):
   assert _compat.HAS_DISPATCH_REGISTRY
   jax.config.update("jax_parallel_functions_output_gda", flag)
   gda, data = _gda(mesh_2d)
+  other, _ = _gda(mesh_2d)
   f = jax.jit(lambda x, y: (x + y, x.sum()))
-  misses, out = _misses(f, gda, gda)
-  assert misses == 0
+  misses, out = _misses(f, gda, other)
+  assert misses == 0, (
+      "warm calls with GDAs no longer hit jit's C++ fast path: check "
+      "`_donation.dispatch_key` (its sole-owner refcount) against this JAX/Python")
   # Outputs rebuilt by the C++ path are the same as the Python path's.
   assert all((type(o) is GlobalDeviceArray) == flag for o in out)
   if flag:
@@ -90,3 +93,24 @@ def test_flag_outputs_after_uninstall_are_plain_arrays(mesh_2d, fresh_registry):
   jax_sharding_ext.uninstall()
   # The cached executable was built with the GDA result handler; it is dropped.
   assert type(f(arr)) is not GlobalDeviceArray
+
+
+def test_possible_aliases_take_the_python_path(mesh_2d):
+  """A GDA whose array is referenced elsewhere misses the C++ cache on purpose.
+
+  Only the Python path can see the whole call and refuse a donated alias
+  (`_donation.check_donated_args`); stock jaxlib 0.10.2 crashes on one.
+  """
+  gda, data = _gda(mesh_2d)
+  f = jax.jit(lambda x, y: x + y)
+  for args in ((gda, gda), (gda, gda.to_jax_array())):
+    misses, out = _misses(f, *args)
+    assert misses == 5
+    np.testing.assert_array_equal(np.asarray(out), 2 * data)
+  del args  # it still holds `gda.to_jax_array()`
+  arr = gda.to_jax_array()  # kept alive: every call is checked
+  misses, _ = _misses(f, gda, _gda(mesh_2d)[0])
+  assert misses == 5
+  del arr
+  misses, _ = _misses(f, gda, _gda(mesh_2d)[0])
+  assert misses == 0

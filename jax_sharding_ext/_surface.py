@@ -1,0 +1,142 @@
+"""`jax.Array`'s surface on `GlobalDeviceArray`, forwarded to its `jax.Array` view.
+
+The GDA of the GDA era had no operators, no indexing and no array methods.
+Today's code expects them: with `jax_parallel_functions_output_gda` on, a
+jitted loss comes back as a 0-d GDA and `float(loss)`, `f"{loss:.3f}"`,
+`loss.item()` must work, and optax / flax tree maps do `t * 0.5` on every
+leaf. So `_ArraySurface` gives a GDA exactly what its zero-copy `jax.Array`
+view gives: each operator, method and property is that of the view, and the
+results are what `jax.Array` returns (`jax.Array`s, as eager operations
+already are). Nothing old changes meaning: `==` / `!=` keep the GDA-era
+`NotImplementedError` (defined on the class itself), `len`, `str`, `repr`
+and `__array__` keep the GDA's own.
+
+Conversions that read the value on the host (`float`, `int`, `complex`,
+`operator.index`, `bool`, `format` with a spec, `item`, `tolist`,
+`tobytes`) first fetch it through `_transfer.to_host`, so the fetch is judged
+by the transfer guard and recorded in the transfer ledger like
+`np.asarray(gda)`; the view then reads its cached host copy. A conversion
+that `jax.Array` refuses without reading the value (e.g. `float` of a
+non-scalar) is refused the same way, before anything moves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_OPERATORS = (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "divmod", "pow", "matmul",
+    "and", "or", "xor", "lshift", "rshift",
+)
+_BINARY = tuple(f"__{op}__" for op in _OPERATORS) + tuple(f"__r{op}__" for op in _OPERATORS) + (
+    "__lt__", "__le__", "__gt__", "__ge__",
+)
+_UNARY = ("__neg__", "__pos__", "__abs__", "__invert__", "__iter__", "__round__",
+          "__array_namespace__", "__dlpack__", "__dlpack_device__")
+
+PUBLIC_METHODS = (
+    "T", "all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "at",
+    "byteswap", "choose", "clip", "committed", "compress", "conj", "conjugate", "copy",
+    "cumprod", "cumsum", "device", "diagonal", "dot", "flat", "flatten", "imag",
+    "itemsize", "mT", "max", "mean", "min", "nonzero", "prod", "ptp", "ravel", "real",
+    "repeat", "reshape", "round", "searchsorted", "sort", "squeeze", "std", "sum",
+    "swapaxes", "take", "to_device", "trace", "transpose", "var", "view",
+)
+"""Public names of `jax.Array` forwarded as they are (the GDA defines the rest)."""
+
+HOST_METHODS = ("item", "tolist", "tobytes")
+"""Public names of `jax.Array` that read the value on the host."""
+
+_ACTION = "use it in a JAX operation"
+
+
+def _unwrap(x: Any) -> Any:
+  """A GDA operand becomes its `jax.Array` view (also inside index tuples)."""
+  if isinstance(x, _ArraySurface):
+    return x._checked_array(_ACTION)
+  if type(x) is tuple:
+    return tuple(_unwrap(e) for e in x)
+  return x
+
+
+def _binary(name: str):
+  def method(self, other):
+    return getattr(self._checked_array(_ACTION), name)(_unwrap(other))
+  method.__name__ = name
+  return method
+
+
+def _unary(name: str):
+  def method(self, *args, **kwargs):
+    return getattr(self._checked_array(_ACTION), name)(*args, **kwargs)
+  method.__name__ = name
+  return method
+
+
+def _forwarded(name: str) -> property:
+  def get(self):
+    return getattr(self._checked_array(_ACTION), name)
+  return property(get, doc=f"`jax.Array.{name}` of the zero-copy `jax.Array` view.")
+
+
+def _host_forwarded(name: str) -> property:
+  def get(self):
+    return getattr(self._host_array(), name)
+  return property(get, doc=f"`jax.Array.{name}`; the value is fetched as by `np.asarray`.")
+
+
+def _scalar_conversion(name: str, fetch_if) -> Any:
+  def method(self):
+    arr = self._host_array() if fetch_if(self) else self._checked_array(_ACTION)
+    return getattr(arr, name)()
+  method.__name__ = name
+  return method
+
+
+def _is_scalar(self) -> bool:
+  return self.ndim == 0
+
+
+class _ArraySurface:
+  """Mixin: operators, indexing, methods and conversions of `jax.Array`.
+
+  The class using it provides `_checked_array(action)` (the live view, or a
+  `RuntimeError` if deleted) and `_host_array()` (the view, after fetching
+  its value to the host as an implicit, guarded, recorded transfer).
+  """
+
+  __slots__ = ()
+
+  def __getitem__(self, idx):
+    return self._checked_array(_ACTION)[_unwrap(idx)]
+
+  def __setitem__(self, idx, value):
+    self._checked_array(_ACTION)[_unwrap(idx)] = value  # raises jax.Array's TypeError
+
+  def __contains__(self, value):
+    return _unwrap(value) in self._checked_array(_ACTION)
+
+  # `jax.Array` refuses these before reading the value when the array is not
+  # a scalar (or, for `bool`, has more than one element); fetch only if it
+  # will read it.
+  __float__ = _scalar_conversion("__float__", _is_scalar)
+  __int__ = _scalar_conversion("__int__", _is_scalar)
+  __complex__ = _scalar_conversion("__complex__", _is_scalar)
+  __index__ = _scalar_conversion("__index__", _is_scalar)
+  __bool__ = _scalar_conversion("__bool__", lambda self: self.size == 1)
+
+  def __format__(self, format_spec: str) -> str:
+    if not format_spec:  # `f"{gda}"` is `str(gda)`, as for any Python object
+      return str(self)
+    return self._host_array().__format__(format_spec)
+
+
+for _name in _BINARY:
+  setattr(_ArraySurface, _name, _binary(_name))
+for _name in _UNARY:
+  setattr(_ArraySurface, _name, _unary(_name))
+for _name in PUBLIC_METHODS:
+  setattr(_ArraySurface, _name, _forwarded(_name))
+for _name in HOST_METHODS:
+  setattr(_ArraySurface, _name, _host_forwarded(_name))
+del _name
