@@ -118,11 +118,12 @@ def _check_buffers(lay, mesh, mesh_axes, buffers) -> Any:
           "for a sharded `jax.Array`.")
     if next(iter(devs)) != d:
       raise ValueError(
-          f"`device_buffers[{i}]` is on {next(iter(devs))} but "
-          f"`global_mesh.local_devices[{i}]` is {d}: the device order does not "
-          f"match. Got buffers on {[_device_of(x) for x in buffers]}, expected "
-          f"{local_devices}. Put arrays on devices in `global_mesh.local_devices` "
-          "order (not `jax.local_devices()` order).")
+          "The `global_mesh.local_devices` and `device_buffers` device order "
+          f"doesn't match: `device_buffers[{i}]` is on {next(iter(devs))} but "
+          f"`global_mesh.local_devices[{i}]` is {d}. Got buffers on "
+          f"{[_device_of(x) for x in buffers]}, expected {local_devices}. Please "
+          "use `global_mesh.local_devices` to put arrays on devices instead of "
+          "`jax.local_devices()`.")
   shard_shape = lay.shard_shape
   shapes = [tuple(b.shape) for b in buffers]
   if any(s != shard_shape for s in shapes):
