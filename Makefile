@@ -5,7 +5,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+# The second supported JAX (0.12.x) needs Python 3.12. Under pyenv `python3.12`
+# may be a shim that does not resolve, so ask pyenv for the interpreter too.
+PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | head -n 1)/bin/python3.12"; do \
+  "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p" || echo "$$p"; } && break; done)
+VENV312 ?= .venv312
+
+.PHONY: install demo test test-default test-jax012 lint bench clean
 
 install: $(STAMP)
 
@@ -18,9 +24,24 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/python examples/quickstart.py
 
-test: install
+# The README's test command and CI: lint, then the suite on both supported
+# JAX releases (Python 3.11 + JAX 0.10.2, Python 3.12 + JAX 0.12.x).
+test: test-default test-jax012
+
+test-default: install
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q
+
+test-jax012:
+	@if [ -z "$(PYTHON312)" ]; then \
+	  echo "NOTE: Python 3.12 not found, so the suite did NOT run on JAX 0.12.x."; \
+	  echo "      Install python3.12 (or set PYTHON312=/path/to/python3.12) to run it."; \
+	else \
+	  echo "== The suite on $(PYTHON312) (JAX 0.12.x) in $(VENV312)"; \
+	  $(MAKE) --no-print-directory install PYTHON="$(PYTHON312)" VENV=$(VENV312) && \
+	  $(VENV312)/bin/python -c 'import jax; print("jax", jax.__version__)' && \
+	  $(VENV312)/bin/python -m pytest -q; \
+	fi
 
 lint: install
 	$(BIN)/python -m ruff check .
@@ -29,4 +50,4 @@ bench: install
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV312) build *.egg-info
