@@ -18,11 +18,23 @@ def run(n: int = 2000) -> list[dict]:
   devs = jax.devices()
   for n_dev, mesh_shape in ((1, (1, 1)), (8, (4, 2))):
     mesh = Mesh(np.array(devs[:n_dev]).reshape(mesh_shape), ("x", "y"))
-    arr = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P("x", "y")))
-    gda = GlobalDeviceArray.from_jax_array(arr)
+    sharding = NamedSharding(mesh, P("x", "y"))
+
+    def fresh_array():
+      return jax.device_put(np.ones((8, 8), np.float32), sharding)
+
+    def fresh_gda():
+      # A GDA that is the only owner of its `jax.Array`, as one built by
+      # `from_callback` or returned by jit is. While anything else holds that
+      # array (or the GDA is passed twice), a call is checked for donation
+      # aliasing on JAX's Python path (README "Limits").
+      return GlobalDeviceArray.from_jax_array(fresh_array())
+
+    arr, gda = fresh_array(), fresh_gda()
     for n_args in (1, 10):
       f = jax.jit(lambda *xs: [x + 1 for x in xs])
-      arrs, gdas = [arr] * n_args, [gda] * n_args
+      arrs = [arr, *(fresh_array() for _ in range(n_args - 1))]
+      gdas = [gda, *(fresh_gda() for _ in range(n_args - 1))]
       res = _common.interleaved({
           "jax.Array": lambda f=f, a=arrs: jax.block_until_ready(f(*a)),
           "GlobalDeviceArray": lambda f=f, g=gdas: jax.block_until_ready(f(*g)),
