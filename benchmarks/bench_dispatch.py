@@ -20,7 +20,7 @@ def run(n: int = 2000) -> list[dict]:
     mesh = Mesh(np.array(devs[:n_dev]).reshape(mesh_shape), ("x", "y"))
     sharding = NamedSharding(mesh, P("x", "y"))
 
-    def fresh_array():
+    def fresh_array(sharding=sharding):
       return jax.device_put(np.ones((8, 8), np.float32), sharding)
 
     def fresh_gda():

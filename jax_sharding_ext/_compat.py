@@ -881,6 +881,90 @@ __all__ += ["Effect", "EFFECT_TYPE_SET_NAMES", "HAS_PARTIAL_EVAL_KEPT_EFFECTS",
             "set_runtime_tokens"]
 
 
+# --- host callbacks and pmap, found by code object ----------------------------
+# Two questions with no public answer, both answered from code objects (no
+# table exists for either):
+#
+# * Is this thread inside a host callback? Every host callback (debug
+#   callbacks and prints, `io_callback`, `pure_callback`) runs the
+#   `_wrapped_callback` closures of `callback.emit_python_callback`, whose
+#   frames are then on the stack. `effects_barrier()` needs to know: there it
+#   must not wait for the computation that is running it.
+# * Was an equation traced inside `jax.pmap`? pmap is `jit(shard_map(_fun))`
+#   (`pmap._cached_shard_map`, jax 0.10.2 and 0.12.x), so its body looks like
+#   any `shard_map` when lowered; the equation's trace-time traceback
+#   (`ctx.traceback.raw_frames()`) contains pmap's `_fun` frame.
+# If a JAX release renames these, the `HAS_*` flags below turn False and
+# `tests/test_effects.py` names the function that moved.
+# ---------------------------------------------------------------------------
+
+import sys as _cb_sys  # noqa: E402
+import types as _cb_types  # noqa: E402
+
+from jax._src import pmap as _cb_pmap  # noqa: E402
+
+
+def _nested_codes(fn: Any, name: str) -> frozenset:
+  """Code objects named `name` defined (at any depth) inside function `fn`.
+
+  A decorated `fn` (e.g. `util.cache()`'s `memoized_fun`, as
+  `pmap._cached_shard_map` is) is searched through the functions its
+  closure holds.
+  """
+  found = set()
+  todo = [getattr(fn, "__code__", None)]
+  for cell in getattr(fn, "__closure__", None) or ():
+    try:
+      held = cell.cell_contents
+    except ValueError:  # an empty cell
+      continue
+    if isinstance(held, _cb_types.FunctionType):
+      todo.append(held.__code__)
+  while todo:
+    code = todo.pop()
+    if code is None:
+      continue
+    for c in code.co_consts:
+      if isinstance(c, _cb_types.CodeType):
+        if c.co_name == name:
+          found.add(c)
+        todo.append(c)
+  return frozenset(found)
+
+
+_HOST_CALLBACK_CODES = _nested_codes(getattr(_fx_callback, "emit_python_callback", None),
+                                     "_wrapped_callback")
+HAS_HOST_CALLBACK_FRAMES = bool(_HOST_CALLBACK_CODES)
+"""True when `callback.emit_python_callback`'s `_wrapped_callback` closures were found."""
+
+_PMAP_BODY_CODES = _nested_codes(getattr(_cb_pmap, "_cached_shard_map", None), "_fun")
+HAS_PMAP_BODY_CODE = bool(_PMAP_BODY_CODES)
+"""True when the body function of `jax.pmap` (`pmap._cached_shard_map._fun`) was found."""
+
+
+def in_host_callback() -> bool:
+  """True when the calling thread is running a JAX host callback."""
+  frame = _cb_sys._getframe(1)
+  while frame is not None:
+    if frame.f_code in _HOST_CALLBACK_CODES:
+      return True
+    frame = frame.f_back
+  return False
+
+
+def traced_inside_pmap(ctx) -> bool:
+  """True when the equation lowered with `ctx` was traced inside `jax.pmap`."""
+  tb = getattr(ctx, "traceback", None)
+  if tb is None or not _PMAP_BODY_CODES:
+    return False
+  codes, _ = tb.raw_frames()
+  return any(c in _PMAP_BODY_CODES for c in codes)
+
+
+__all__ += ["HAS_HOST_CALLBACK_FRAMES", "HAS_PMAP_BODY_CODE", "in_host_callback",
+            "traced_inside_pmap"]
+
+
 # --- donation and pjit ---
 # ---------------------------------------------------------------------------
 # Which arguments of the running call are donated (`jax.jit(...,

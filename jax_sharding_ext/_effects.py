@@ -111,6 +111,15 @@ def _nested_manual_error(ctx, kind: str) -> str:
       f"{fix}, move the print out of the inner `shard_map`, or pass `ordered=False`.")
 
 
+def _pmap_error(effect) -> str:
+  return (
+      "The following ordered effects are not supported for more than 1 device: "
+      f"[{effect}]. jax_sharding_ext keeps stock JAX's rejection under `jax.pmap` "
+      "(it widens acceptance only where it guarantees program order). Use "
+      "`jax.shard_map` (ordered prints run per device in program order there) or "
+      "`jax.jit` over a sharded array, or pass `ordered=False`.")
+
+
 def _make_lowering(prim: Any, effect_of: Callable[[dict], Any]):
   """The wrapper around `prim`'s stock lowering rule (see the module docstring)."""
 
@@ -124,6 +133,8 @@ def _make_lowering(prim: Any, effect_of: Callable[[dict], Any]):
         return prev_rule(ctx, *args, **params)
       if kind in ("partial", "nested"):
         raise ValueError(_nested_manual_error(ctx, kind))
+      if _compat.traced_inside_pmap(ctx):
+        raise ValueError(_pmap_error(effect))
       partitioned = bool(params.get("partitioned", False))
       if partitioned and kind == "auto":
         raise ValueError(_partitioned_error(ctx))
@@ -332,6 +343,17 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
     _check_sharding(sharding)
   if hasattr(x, "to_jax_array") and not isinstance(x, jax.Array):
     x = x.to_jax_array()  # GlobalDeviceArray: the same buffers, no copy
+  elif isinstance(x, (list, tuple, np.ndarray, np.generic, int, float, complex)):
+    x = np.asarray(x)  # host data: placed with `sharding=` below
+    if not _compat.is_plain_dtype(x.dtype) or x.dtype == np.dtype(object):
+      raise TypeError(
+          f"`sharded_callback(fn, x)` needs numeric array data for `x`, got dtype "
+          f"{x.dtype}.")
+  elif not isinstance(x, (jax.Array, jax.core.Tracer)):
+    raise TypeError(
+        f"`sharded_callback(fn, x)` needs an array for `x` (a `jax.Array`, a "
+        f"`GlobalDeviceArray`, a traced value inside `jit`, or host data with "
+        f"`sharding=`), got {type(x).__name__} {x!r:.80}.")
   if sharding is not None and hasattr(x, "shape"):
     spec = getattr(sharding, "spec", ())
     if len(spec) > len(x.shape):
@@ -488,6 +510,12 @@ def effects_barrier() -> None:
   several devices, stock JAX raises it at every barrier and fails every later
   computation with the same ordered effect).
   """
+  if _compat.in_host_callback():
+    # Called from inside a host callback: the computation running it cannot
+    # finish first, so wait only for what stock's barrier waits for there
+    # (this thread's own effects: none).
+    jax.effects_barrier()
+    return
   try:
     jax.effects_barrier()
   finally:  # this thread's failure is raised after the wait, not instead
