@@ -81,16 +81,25 @@ def _check_leaves(specs: Any, what: str, *, allow_from_gda: bool) -> tuple[list,
   return leaves, treedef
 
 
-class _SpecError(ValueError):
-  """A `pjit` spec that cannot be resolved (raised as is, never re-wrapped)."""
-
-
 def _no_mesh_error(spec: Any, what: str) -> ValueError:
-  return _SpecError(
+  return ValueError(
       f"`pjit` got the PartitionSpec {spec!r} in `{what}`, but no mesh is active, "
       "and a PartitionSpec names axes of a mesh. Call the function inside "
       "`with mesh:` (or `with jax.set_mesh(mesh):`), or pass "
       "`NamedSharding(mesh, spec)` instead of the bare spec.")
+
+
+def _check_axes_defined(spec: PartitionSpec, mesh: Any, what: str) -> None:
+  for entry in spec:
+    if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+      continue
+    for name in entry if isinstance(entry, tuple) else (entry,):
+      if name not in mesh.axis_names:
+        # The old pjit's text first: GDA-era tests match on it.
+        raise ValueError(
+            f"Resource axis: {name} of {what} is undefined. The active mesh has "
+            f"axes {tuple(mesh.axis_names)}, and {what} gave {spec}. Use one of "
+            "those axis names, or enter the mesh that defines this axis.")
 
 
 def _to_sharding(spec: Any, mesh: Any, what: str) -> Any:
@@ -100,6 +109,7 @@ def _to_sharding(spec: Any, mesh: Any, what: str) -> Any:
   if isinstance(spec, PartitionSpec):
     if mesh is None:
       raise _no_mesh_error(spec, what)
+    _check_axes_defined(spec, mesh, what)
     return NamedSharding(mesh, spec)
   return spec  # a Sharding
 
@@ -112,12 +122,12 @@ def _from_gda_sharding(x: Any, where: str) -> Any:
   if isinstance(x, jax.Array):
     if isinstance(x.sharding, NamedSharding):
       return x.sharding
-    raise _SpecError(
+    raise ValueError(
         f"`FROM_GDA` in `in_axis_resources` takes the sharding of {where}, but that "
         f"`jax.Array` has a {type(x.sharding).__name__}, not a `NamedSharding` "
         f"({x.sharding}). Give a `PartitionSpec` for this argument, or place it "
         "with `jax.device_put(x, NamedSharding(mesh, spec))` first.")
-  raise _SpecError(
+  raise ValueError(
       f"`FROM_GDA` in `in_axis_resources` needs a `GlobalDeviceArray` (or a "
       f"`jax.Array` with a `NamedSharding`), but {where} is a non-GDA input of "
       f"type {type(x).__name__}: it has no sharding to take. Give a "
@@ -149,13 +159,271 @@ def _argnames_tuple(value: Any, name: str) -> tuple[str, ...]:
   return value
 
 
-def _positional_index(fun: Callable) -> dict[str, int]:
+def _signature_info(fun: Callable) -> tuple[dict[str, int], int | None]:
+  """Positions of `fun`'s positional parameters by name, and their count
+  (None when `fun` takes `*args` or has no signature)."""
   try:
-    params = inspect.signature(fun).parameters.values()
+    params = list(inspect.signature(fun).parameters.values())
   except (TypeError, ValueError):
-    return {}
-  return {p.name: i for i, p in enumerate(params)
-          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return {}, None
+  positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  fixed = None if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
+  return {p.name: i for i, p in enumerate(positional)}, fixed
+
+
+def _pick_spelling(old: Any, new: Any, old_name: str, new_name: str) -> tuple[str, Any]:
+  """The name and value of whichever spelling of a parameter was given."""
+  if old is not _UNSPECIFIED and new is not _UNSPECIFIED:
+    raise ValueError(
+        f"`pjit` got both `{old_name}` and `{new_name}`; they are the old and new "
+        "names of the same parameter. Pass only one.")
+  if new is not _UNSPECIFIED:
+    return new_name, _listify_top(new)
+  return old_name, _listify_top(old)
+
+
+def _check_static_donate(static: Iterable[int], donate: Iterable[int], num_args: int) -> None:
+  """The old pjit's rule, negative positions included: an argument cannot be
+  both static and donated."""
+  def norm(nums):
+    return [i % num_args for i in nums if -num_args <= i < num_args]
+  rebase_donate_argnums(norm(donate), norm(static))
+
+
+def _prefix_error(name: str, specs: Any, num_dyn: int, detail: str) -> ValueError:
+  # Stock's wording for a wrong-length tuple (api_util.flatten_axis_resources),
+  # which stock itself replaces by a bare AssertionError for `()`.
+  return ValueError(
+      f"pjit {name} specification must be a tree prefix of the positional "
+      f"arguments tuple. In particular, pjit {name} must either be a Sharding, a "
+      f"PartitionSpec, or a tuple of length equal to the number of positional "
+      f"arguments. {detail} (got {name}={specs!r} for {num_dyn} non-static "
+      "argument(s)).")
+
+
+def _old_pspec(spec: Any) -> str:
+  """`spec` as the old pjit printed it: `PartitionSpec('x',)`."""
+  entries = tuple(spec) if isinstance(spec, PartitionSpec) else (spec,)
+  return f"PartitionSpec{entries!r}"
+
+
+class _Pjit:
+  """One `pjit` function: its parsed arguments and its cache of `jax.jit`s.
+
+  A call runs named steps: `_split_kwargs` (static keyword arguments into the
+  key), `_resolve_in` / `_resolve_out` (specs to shardings under the context
+  mesh), `_jit_for` (the cached `jax.jit` for that resolution), and on a
+  `ValueError` from JAX, `_explain` (the old pjit's message when a GDA's mesh
+  or partitioning disagrees with the specs).
+  """
+
+  def __init__(self, fun, in_name, in_specs, out_name, out_specs, static_nums,
+               donate_nums, static_names, donate_names, jit_kwargs):
+    self.fun = fun
+    self.in_name, self.in_specs = in_name, in_specs
+    self.out_name, self.out_specs = out_name, out_specs
+    self.in_given = in_specs is not _UNSPECIFIED
+    self.out_given = out_specs is not _UNSPECIFIED
+    in_leaves, self.in_treedef = (
+        _check_leaves(in_specs, in_name, allow_from_gda=True) if self.in_given else ([], None))
+    out_leaves = (_check_leaves(out_specs, out_name, allow_from_gda=False)[0]
+                  if self.out_given else [])
+    self.has_from_gda = any(isinstance(leaf, _FromGda) for leaf in in_leaves)
+    self.needs_mesh = any(leaf is None or isinstance(leaf, PartitionSpec)
+                          for leaf in (*in_leaves, *out_leaves))
+    self.in_empty = self.in_given and in_specs == ()
+    by_name, _ = _signature_info(fun)
+    self.static_names = static_names
+    self.static_pos = set(static_nums) | {by_name[n] for n in static_names if n in by_name}
+    # Negative positions are checked per call, once the count is known.
+    self.negative_nums = (static_nums, donate_nums) if any(
+        i < 0 for i in (*static_nums, *donate_nums)) else None
+    self.jit_kwargs = jit_kwargs
+    self.cache: collections.OrderedDict = collections.OrderedDict()
+    self.lock = threading.Lock()
+
+  def _dynamic_args(self, args: tuple) -> tuple[list[int], tuple]:
+    n = len(args)
+    static = {i % n for i in self.static_pos if -n <= i < n}
+    dyn_pos = [i for i in range(n) if i not in static]
+    return dyn_pos, tuple(args[i] for i in dyn_pos)
+
+  def _spec_subtrees(self, dyn_args: tuple) -> list:
+    """Each in spec leaf's part of the non-static arguments (a prefix match)."""
+    try:
+      return self.in_treedef.flatten_up_to(dyn_args)
+    except ValueError as e:
+      raise ValueError(
+          f"`{self.in_name}` must be a pytree prefix of the non-static positional "
+          f"arguments: got {self.in_name}={self.in_specs!r} for {len(dyn_args)} "
+          f"non-static argument(s) with structure "
+          f"{jax.tree_util.tree_structure(dyn_args)}. ({e})") from None
+
+  def _resolve_out(self, mesh):
+    if not self.out_given:
+      return _UNSPECIFIED
+    return jax.tree_util.tree_map(lambda s: _to_sharding(s, mesh, self.out_name),
+                                  self.out_specs, is_leaf=_is_spec_leaf)
+
+  def _resolve_in(self, mesh, args):
+    if not self.in_given:
+      return _UNSPECIFIED
+    if not self.has_from_gda:
+      return jax.tree_util.tree_map(lambda s: _to_sharding(s, mesh, self.in_name),
+                                    self.in_specs, is_leaf=_is_spec_leaf)
+    dyn_pos, dyn_args = self._dynamic_args(args)
+    with_paths, _ = jax.tree_util.tree_flatten_with_path(self.in_specs, is_leaf=_is_spec_leaf)
+    resolved = []
+    for (path, spec), sub in zip(with_paths, self._spec_subtrees(dyn_args), strict=True):
+      if not isinstance(spec, _FromGda):
+        resolved.append(_to_sharding(spec, mesh, self.in_name))
+        continue
+
+      def leaf(subpath, x, path=path):
+        full = (*path, *subpath)
+        if full and isinstance(full[0], jax.tree_util.SequenceKey):
+          where = f"argument {dyn_pos[full[0].idx]}" + jax.tree_util.keystr(tuple(full[1:]))
+        else:
+          where = "argument " + jax.tree_util.keystr(full)
+        return _from_gda_sharding(x, where)
+      resolved.append(jax.tree_util.tree_map_with_path(leaf, sub))
+    return self.in_treedef.unflatten(resolved)
+
+  def _split_kwargs(self, kwargs):
+    if not (kwargs and self.in_given):
+      return (), kwargs
+    dynamic = sorted(k for k in kwargs if k not in self.static_names)
+    if dynamic:
+      raise ValueError(
+          f"`pjit` with `{self.in_name}` matches specs to positional arguments, so "
+          f"non-static keyword arguments are not supported; got {dynamic}. Pass "
+          "them positionally, or list them in `static_argnames`.")
+    static_kw = tuple(sorted(kwargs.items()))
+    try:
+      hash(static_kw)
+    except TypeError:
+      raise TypeError(
+          f"Static keyword arguments of `pjit` must be hashable, got {kwargs!r}.") from None
+    return static_kw, {}
+
+  def _check_call(self, args):
+    if self.negative_nums is not None and args:
+      _check_static_donate(*self.negative_nums, len(args))
+    if self.in_empty:
+      num_dyn = len(self._dynamic_args(args)[1])
+      if num_dyn:
+        raise _prefix_error(
+            self.in_name, self.in_specs, num_dyn,
+            f"But pjit {self.in_name} is the wrong length: got a tuple or list of "
+            f"length 0 for an args tuple of length {num_dyn}.")
+
+  def _target(self, static_kw) -> Callable:
+    fun = self.fun
+    if static_kw:
+      # `jax.jit` refuses keyword arguments, static ones included, once
+      # `in_shardings` is given (jax 0.10.2); bind them here instead. Static
+      # values are hashable and part of the cache key, as in jit's own cache.
+      fun = functools.partial(fun, **dict(static_kw))
+    if self.out_given and self.out_specs == ():
+      # Stock raises a bare AssertionError for `out_shardings=()` when the
+      # function returns anything but `()`; check at trace time instead.
+      inner, name = fun, self.out_name
+
+      @functools.wraps(self.fun)
+      def fun(*args, **kwargs):
+        out = inner(*args, **kwargs)
+        if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(()):
+          raise ValueError(
+              f"pjit {name} specification must be a tree prefix of the outputs: "
+              f"got {name}=() (no outputs), but the function returned "
+              f"{jax.tree_util.tree_structure(out)}. Give one spec per output, or "
+              "one spec for all of them.")
+        return out
+    return fun
+
+  def _jit_for(self, mesh, static_kw, in_res):
+    if self.has_from_gda:
+      leaves, treedef = jax.tree_util.tree_flatten(in_res, is_leaf=lambda x: x is None)
+      key = (mesh, static_kw, treedef, tuple(leaves))
+    else:
+      key = (mesh, static_kw)
+    with self.lock:
+      f = self.cache.get(key)
+      if f is not None:
+        self.cache.move_to_end(key)
+        return f
+    if in_res is None:  # not resolved yet: the resolution depends on the mesh only
+      in_res = self._resolve_in(mesh, ())
+    kw = dict(self.jit_kwargs)
+    if in_res is not _UNSPECIFIED:
+      kw["in_shardings"] = in_res
+    out_res = self._resolve_out(mesh)
+    if out_res is not _UNSPECIFIED:
+      kw["out_shardings"] = out_res
+    rest = tuple(n for n in self.static_names if n not in dict(static_kw))
+    if rest:
+      kw["static_argnames"] = rest
+    else:
+      kw.pop("static_argnames", None)
+    f = jax.jit(self._target(static_kw), **kw)
+    with self.lock:
+      f = self.cache.setdefault(key, f)
+      while len(self.cache) > _CACHE_SIZE:
+        self.cache.popitem(last=False)
+    return f
+
+  def prepare(self, args, kwargs):
+    """The `jax.jit` to call for these arguments, and the kwargs to pass it."""
+    self._check_call(args)
+    static_kw, kwargs = self._split_kwargs(kwargs)
+    mesh = _compat.context_mesh() if self.needs_mesh else None
+    in_res = self._resolve_in(mesh, args) if self.has_from_gda else None
+    return self._jit_for(mesh, static_kw, in_res), kwargs
+
+  def run(self, method: str | None, args, kwargs):
+    """Call (`method=None`), `.lower` or `.trace` for these arguments."""
+    f, kwargs = self.prepare(args, kwargs)
+    try:
+      return (f if method is None else getattr(f, method))(*args, **kwargs)
+    except ValueError as e:
+      better = self._explain(args)
+      if better is None:
+        raise
+      raise better from e
+
+  def _explain(self, args) -> ValueError | None:
+    """The old pjit's message if a GDA argument disagrees with the specs."""
+    if not self.in_given or self.in_empty:
+      return None
+    mesh = _compat.context_mesh() if self.needs_mesh else None
+    _, dyn_args = self._dynamic_args(args)
+    try:
+      subtrees = self._spec_subtrees(dyn_args)
+    except ValueError:
+      return None
+    specs = jax.tree_util.tree_leaves(self.in_specs, is_leaf=_is_spec_leaf)
+    for spec, sub in zip(specs, subtrees, strict=True):
+      for x in jax.tree_util.tree_leaves(sub):
+        if not isinstance(x, GlobalDeviceArray) or x.is_deleted():
+          continue
+        if mesh is not None and x.mesh != mesh:
+          return ValueError(
+              "Pjit's mesh and GDA's mesh should be equal. Got Pjit mesh: "
+              f"{mesh},\n GDA mesh: {x.mesh}. Build the GDA on the mesh of the "
+              "enclosing `with mesh:`, or call pjit under the GDA's mesh.")
+        if isinstance(spec, _FromGda):
+          continue
+        sharding = _to_sharding(spec, mesh, self.in_name)
+        if sharding is not None and not sharding.is_equivalent_to(x.sharding, x.ndim):
+          pjit_spec = sharding.spec if isinstance(sharding, NamedSharding) else sharding
+          return ValueError(
+              "Got an input GDA to pjit with different partitioning than specified "
+              f"in the {self.in_name} argument to pjit. The partitioning must "
+              f"match, or use `jax.experimental.pjit.FROM_GDA` in `{self.in_name}`. "
+              f"Got GDA spec: {_old_pspec(x.mesh_axes)} and pjit spec: "
+              f"{_old_pspec(pjit_spec)} for GDA: GlobalDeviceArray(shape={x.shape}, "
+              f"dtype={x.dtype}). (Here `FROM_GDA` is `jax_sharding_ext.FROM_GDA`.)")
+    return None
 
 
 def pjit(fun: Callable,
@@ -194,9 +462,11 @@ def pjit(fun: Callable,
     A function with the signature of `fun`; it also has `.lower(*args)`.
 
   Raises:
-    ValueError: a `PartitionSpec` is used with no mesh active, `FROM_GDA`
-      meets an argument without a `NamedSharding`, both spellings of a
-      parameter are given, or an argument is both static and donated.
+    ValueError: a `PartitionSpec` is used with no mesh active or names an axis
+      the mesh lacks, `FROM_GDA` meets an argument without a `NamedSharding`,
+      a GDA's mesh or partitioning disagrees with the specs, the specs are
+      not a prefix of the arguments, both spellings of a parameter are
+      given, or an argument is both static and donated.
 
   Example:
     >>> f = pjit(lambda x: x @ x.T, in_axis_resources=P('x', 'y'),
@@ -206,46 +476,23 @@ def pjit(fun: Callable,
   """
   if not callable(fun):
     raise TypeError(f"`pjit` needs a callable as `fun`, got {type(fun).__name__}.")
-  if in_axis_resources is not _UNSPECIFIED and in_shardings is not _UNSPECIFIED:
-    raise ValueError(
-        "`pjit` got both `in_axis_resources` and `in_shardings`; they are the old "
-        "and new names of the same parameter. Pass only one.")
-  if out_axis_resources is not _UNSPECIFIED and out_shardings is not _UNSPECIFIED:
-    raise ValueError(
-        "`pjit` got both `out_axis_resources` and `out_shardings`; they are the "
-        "old and new names of the same parameter. Pass only one.")
-  in_name = "in_shardings" if in_shardings is not _UNSPECIFIED else "in_axis_resources"
-  out_name = "out_shardings" if out_shardings is not _UNSPECIFIED else "out_axis_resources"
-  in_specs = _listify_top(in_shardings if in_name == "in_shardings" else in_axis_resources)
-  out_specs = _listify_top(out_shardings if out_name == "out_shardings" else out_axis_resources)
-
+  in_name, in_specs = _pick_spelling(in_axis_resources, in_shardings,
+                                     "in_axis_resources", "in_shardings")
+  out_name, out_specs = _pick_spelling(out_axis_resources, out_shardings,
+                                       "out_axis_resources", "out_shardings")
   static_nums = _argnums_tuple(static_argnums, "static_argnums")
   donate_nums = _argnums_tuple(donate_argnums, "donate_argnums")
   static_names = _argnames_tuple(static_argnames, "static_argnames")
   donate_names = _argnames_tuple(donate_argnames, "donate_argnames")
-  # The old pjit's rule: an argument cannot be both static and donated.
   rebase_donate_argnums([i for i in donate_nums if i >= 0], [i for i in static_nums if i >= 0])
+  _, num_positional = _signature_info(fun)
+  if num_positional:  # negative positions too, when the signature fixes the count
+    _check_static_donate(static_nums, donate_nums, num_positional)
   both = sorted(set(static_names) & set(donate_names))
   if both:
     raise ValueError(
         f"`static_argnames` {static_names} and `donate_argnames` {donate_names} "
         f"cannot intersect ({both}): a static argument has no buffer to donate.")
-
-  in_given = in_specs is not _UNSPECIFIED
-  out_given = out_specs is not _UNSPECIFIED
-  in_leaves, _ = (_check_leaves(in_specs, in_name, allow_from_gda=True)
-                  if in_given else ([], None))
-  if out_given:
-    _check_leaves(out_specs, out_name, allow_from_gda=False)
-  has_from_gda = any(isinstance(leaf, _FromGda) for leaf in in_leaves)
-  out_leaves = (jax.tree_util.tree_leaves(out_specs, is_leaf=_is_spec_leaf)
-                if out_given else [])
-  needs_mesh = any(leaf is None or isinstance(leaf, PartitionSpec)
-                   for leaf in (*in_leaves, *out_leaves))
-
-  # Positions of static arguments, from numbers and names (as jax.jit does).
-  by_name = _positional_index(fun)
-  static_pos_known = set(static_nums) | {by_name[n] for n in static_names if n in by_name}
 
   jit_kwargs = dict(static_argnums=static_nums or None, donate_argnums=donate_nums or None,
                     keep_unused=keep_unused, inline=inline)
@@ -253,131 +500,20 @@ def pjit(fun: Callable,
     jit_kwargs["static_argnames"] = static_names
   if donate_names:
     jit_kwargs["donate_argnames"] = donate_names
-
-  cache: collections.OrderedDict = collections.OrderedDict()
-  lock = threading.Lock()
-
-  def resolve_out(mesh):
-    if not out_given:
-      return _UNSPECIFIED
-    return jax.tree_util.tree_map(lambda s: _to_sharding(s, mesh, out_name), out_specs,
-                                  is_leaf=_is_spec_leaf)
-
-  def resolve_in(mesh, args):
-    if not in_given:
-      return _UNSPECIFIED
-    if not has_from_gda:
-      return jax.tree_util.tree_map(lambda s: _to_sharding(s, mesh, in_name), in_specs,
-                                    is_leaf=_is_spec_leaf)
-    n = len(args)
-    static = {i % n for i in static_pos_known if -n <= i < n}
-    dyn_pos = [i for i in range(n) if i not in static]
-    dyn_args = tuple(args[i] for i in dyn_pos)
-
-    def one(path, spec, sub):
-      if not isinstance(spec, _FromGda):
-        return _to_sharding(spec, mesh, in_name)
-
-      def leaf(subpath, x):
-        full = (*path, *subpath)
-        if full and isinstance(full[0], jax.tree_util.SequenceKey):
-          where = (f"argument {dyn_pos[full[0].idx]}"
-                   + jax.tree_util.keystr(tuple(full[1:])))
-        else:
-          where = "argument " + jax.tree_util.keystr(full)
-        return _from_gda_sharding(x, where)
-      return jax.tree_util.tree_map_with_path(leaf, sub)
-
-    try:
-      return jax.tree_util.tree_map_with_path(one, in_specs, dyn_args, is_leaf=_is_spec_leaf)
-    except _SpecError:
-      raise
-    except ValueError as e:
-      raise ValueError(
-          f"`{in_name}` must be a pytree prefix of the non-static positional "
-          f"arguments: got {in_name}={in_specs!r} for {len(dyn_args)} non-static "
-          f"argument(s) with structure {jax.tree_util.tree_structure(dyn_args)}. "
-          f"({e})") from None
-
-  def cached(key):
-    with lock:
-      f = cache.get(key)
-      if f is not None:
-        cache.move_to_end(key)
-      return f
-
-  def build(key, in_res, out_res, static_kw):
-    kw = dict(jit_kwargs)
-    if in_res is not _UNSPECIFIED:
-      kw["in_shardings"] = in_res
-    if out_res is not _UNSPECIFIED:
-      kw["out_shardings"] = out_res
-    target = fun
-    if static_kw:
-      # `jax.jit` refuses keyword arguments, static ones included, once
-      # `in_shardings` is given (jax 0.10.2); bind them here instead. Static
-      # values are hashable and part of the cache key, as in jit's own cache.
-      target = functools.partial(fun, **dict(static_kw))
-      rest = tuple(n for n in static_names if n not in dict(static_kw))
-      if rest:
-        kw["static_argnames"] = rest
-      else:
-        kw.pop("static_argnames", None)
-    f = jax.jit(target, **kw)
-    with lock:
-      f = cache.setdefault(key, f)
-      while len(cache) > _CACHE_SIZE:
-        cache.popitem(last=False)
-    return f
-
-  def split_kwargs(kwargs):
-    if not (kwargs and in_given):
-      return (), kwargs
-    dynamic = sorted(k for k in kwargs if k not in static_names)
-    if dynamic:
-      raise ValueError(
-          f"`pjit` with `{in_name}` matches specs to positional arguments, so "
-          f"non-static keyword arguments are not supported; got {dynamic}. Pass "
-          "them positionally, or list them in `static_argnames`.")
-    static_kw = tuple(sorted(kwargs.items()))
-    try:
-      hash(static_kw)
-    except TypeError:
-      raise TypeError(
-          f"Static keyword arguments of `pjit` must be hashable, got {kwargs!r}.") from None
-    return static_kw, {}
-
-  def prepare(args, kwargs):
-    static_kw, kwargs = split_kwargs(kwargs)
-    mesh = _compat.context_mesh() if needs_mesh else None
-    if not has_from_gda:  # the resolution depends on the mesh only
-      key = (mesh, static_kw)
-      f = cached(key)
-      if f is None:
-        f = build(key, resolve_in(mesh, args), resolve_out(mesh), static_kw)
-      return f, kwargs
-    in_res = resolve_in(mesh, args)
-    leaves, treedef = jax.tree_util.tree_flatten(in_res, is_leaf=lambda x: x is None)
-    key = (mesh, static_kw, treedef, tuple(leaves))
-    f = cached(key)
-    if f is None:
-      f = build(key, in_res, resolve_out(mesh), static_kw)
-    return f, kwargs
+  state = _Pjit(fun, in_name, in_specs, out_name, out_specs, static_nums, donate_nums,
+                static_names, donate_names, jit_kwargs)
 
   @functools.wraps(fun)
   def wrapped(*args, **kwargs):
-    f, kwargs = prepare(args, kwargs)
-    return f(*args, **kwargs)
+    return state.run(None, args, kwargs)
 
   def lower(*args, **kwargs):
     """Lower for these arguments (`jax.jit(...).lower`) under the context mesh."""
-    f, kwargs = prepare(args, kwargs)
-    return f.lower(*args, **kwargs)
+    return state.run("lower", args, kwargs)
 
   def trace(*args, **kwargs):
     """Trace for these arguments (`jax.jit(...).trace`) under the context mesh."""
-    f, kwargs = prepare(args, kwargs)
-    return f.trace(*args, **kwargs)
+    return state.run("trace", args, kwargs)
 
   wrapped.lower = lower  # type: ignore[attr-defined]
   wrapped.trace = trace  # type: ignore[attr-defined]

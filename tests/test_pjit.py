@@ -216,12 +216,24 @@ def test_from_gda_broadcasts_over_a_pytree(mesh_2d):
   np.testing.assert_array_equal(out["bc"][1], 2 * data)
 
 
-def test_from_gda_works_in_out_of_a_with_mesh_block_and_gda_mismatch_is_stock_error(mesh_2d):
+def test_gda_partitioning_mismatch_is_the_old_pjit_error(mesh_2d):
   gda, _ = _gda(mesh_2d, P("x"))
-  # A GDA is committed: a spec that disagrees is stock jit's committed-array error.
+  # A GDA is committed: a spec that disagrees is stock jit's committed-array
+  # error (kept as the cause), reworded as the GDA-era pjit said it; the old
+  # test (pjit_test.test_pjit_gda_wrong_resource_for_gda_input) matched this
+  # literal text.
   f = pjit(lambda x: x, in_axis_resources=P("x", "y"))
-  with legacy_mesh(mesh_2d), pytest.raises(ValueError, match="does not match the sharding"):
+  old = ("Got an input GDA to pjit with different partitioning than specified "
+         "in the in_axis_resources argument to pjit. The partitioning must "
+         "match, or use `jax.experimental.pjit.FROM_GDA` in `in_axis_resources`. "
+         "Got GDA spec: PartitionSpec('x',) and pjit spec: PartitionSpec('x', 'y') "
+         "for GDA: GlobalDeviceArray(shape=(8, 2), dtype=float32)")
+  with legacy_mesh(mesh_2d), pytest.raises(ValueError) as info:
     f(gda)
+  assert str(info.value).startswith(old)
+  assert "does not match the sharding" in str(info.value.__cause__)
+  with legacy_mesh(mesh_2d), pytest.raises(ValueError, match="different partitioning"):
+    f.lower(gda)
   # P(None) and P() are the same sharding: no error.
   rep, _ = _gda(mesh_2d, P(None))
   with legacy_mesh(mesh_2d):
@@ -287,6 +299,90 @@ def test_bad_specs_are_rejected_when_pjit_is_called():
     pjit(lambda x: x, in_axis_resources=("x",))
   with pytest.raises(TypeError, match="needs a callable"):
     pjit(3)
+
+
+def test_empty_spec_tuples_are_value_errors_not_assertions(mesh_2d):
+  gda, _ = _gda(mesh_2d, P("x"))
+  x = gda.to_jax_array()
+  # Stock jit raises a bare AssertionError for `()` (api_util.flatten_axis_resources):
+  for kw in ({"in_shardings": ()}, {"out_shardings": ()}):
+    with pytest.raises(AssertionError):
+      jax.jit(lambda v: v, **kw)(x)
+  # ... and a ValueError naming the prefix rule for other wrong lengths; so here.
+  with legacy_mesh(mesh_2d):
+    with pytest.raises(ValueError, match=r"in_axis_resources specification must be a "
+                       r"tree prefix.*length 0 for an args tuple of length 1"):
+      pjit(lambda v: v, in_axis_resources=(), out_axis_resources=P("x"))(gda)
+    with pytest.raises(ValueError, match=r"out_axis_resources specification must be a "
+                       r"tree prefix of the outputs.*returned PyTreeDef\(\*\)"):
+      pjit(lambda v: v, in_axis_resources=P("x"), out_axis_resources=())(gda)
+    # `()` is right for no arguments / no outputs, as in stock.
+    assert pjit(lambda: 1, in_axis_resources=())() == 1
+    assert pjit(lambda v: (), in_axis_resources=P("x"), out_axis_resources=())(gda) == ()
+    # The static arguments do not count.
+    assert pjit(lambda n: n, in_axis_resources=(), static_argnums=0)(3) == 3
+
+
+def test_static_and_donated_through_a_negative_index_is_a_value_error():
+  # Stock jit refuses the positive overlap (as static/donate argnames).
+  with pytest.raises(ValueError, match="cannot intersect"):
+    jax.jit(lambda x, n: x * n, static_argnums=1, donate_argnums=1)
+  with pytest.raises(ValueError, match=r"`static_argnums` \[1\] and `donate_argnums` "
+                     r"\[1\] cannot intersect"):
+    pjit(lambda x, n: x * n, static_argnums=1, donate_argnums=-1)
+  with pytest.raises(ValueError, match="cannot intersect"):
+    pjit(lambda x, n: x * n, static_argnums=-1, donate_argnums=1)
+  # With `*args` the count is known only at the call.
+  f = pjit(lambda *a: a[0] * a[1], static_argnums=1, donate_argnums=-1)
+  with pytest.raises(ValueError, match="cannot intersect"):
+    f(np.ones(2), 3)
+  np.testing.assert_array_equal(f(np.ones(2), 3, np.ones(1)), 3 * np.ones(2))
+
+
+@pytest.mark.parametrize("which", ["in_axis_resources", "out_axis_resources"])
+def test_unknown_mesh_axis_is_the_old_resource_axis_error(mesh_2d, which):
+  gda, _ = _gda(mesh_2d, P("x"))
+  specs = {"in_axis_resources": P("x"), "out_axis_resources": P("x"), which: P(("x", "z"))}
+  with legacy_mesh(mesh_2d), pytest.raises(
+      ValueError, match=rf"^Resource axis: z of {which} is undefined\. .*\('x', 'y'\)"):
+    pjit(lambda v: v, **specs)(gda)
+
+
+@pytest.mark.parametrize("spec", [P("x"), FROM_GDA])
+def test_gda_on_another_mesh_is_the_old_mesh_error(mesh_2d, mesh_factory, spec):
+  gda, _ = _gda(mesh_2d, P("x"))
+  other = mesh_factory((2, 2), ("x", "y"))
+  f = pjit(lambda v: v, in_axis_resources=spec, out_axis_resources=P("x"))
+  # The old pjit_test matched "Pjit's mesh and GDA's mesh should be equal."
+  with legacy_mesh(other), pytest.raises(
+      ValueError, match=r"^Pjit's mesh and GDA's mesh should be equal\. Got Pjit mesh"):
+    f(gda)
+
+
+def test_spec_errors_are_plain_value_errors(mesh_2d):
+  # No private exception class leaks into user tracebacks.
+  with pytest.raises(ValueError) as info:
+    pjit(lambda v: v, in_axis_resources=FROM_GDA)(np.ones((8, 2)))
+  assert type(info.value) is ValueError
+  with pytest.raises(ValueError) as info:
+    pjit(lambda v: v, in_axis_resources=P("x"))(np.ones((8, 2)))
+  assert type(info.value) is ValueError and "no mesh is active" in str(info.value)
+
+
+def test_with_sharding_constraint_on_a_gda(mesh_2d):
+  # The porting table's row: `pjit.with_sharding_constraint` ->
+  # `jax.lax.with_sharding_constraint`, which takes a GDA inside jit and pjit.
+  gda, data = _gda(mesh_2d, P("x"))
+  target = NamedSharding(mesh_2d, P("y"))
+  out = jax.jit(lambda v: jax.lax.with_sharding_constraint(v * 2, target))(gda)
+  assert out.sharding.is_equivalent_to(target, 2)
+  np.testing.assert_array_equal(out, data * 2)
+  gda, data = _gda(mesh_2d, P("x"), shape=(8, 4))
+  with legacy_mesh(mesh_2d):
+    out = pjit(lambda v: jax.lax.with_sharding_constraint(v + 1, P("y", "x")),
+               in_axis_resources=FROM_GDA)(gda)
+  assert out.sharding.is_equivalent_to(NamedSharding(mesh_2d, P("y", "x")), 2)
+  np.testing.assert_array_equal(out, data + 1)
 
 
 # ---------------------------------------------------------------------------
