@@ -11,6 +11,7 @@ they are not part of the public API.
 from jax.sharding import Mesh as Mesh
 from jax.sharding import PartitionSpec as PartitionSpec
 
+from jax_sharding_ext import multihost_utils as multihost_utils
 from jax_sharding_ext._donation import donation_vector as donation_vector
 from jax_sharding_ext._donation import rebase_donate_argnums as rebase_donate_argnums
 from jax_sharding_ext._effects import declare_effect as declare_effect
@@ -36,6 +37,13 @@ from jax_sharding_ext._shard_math import (
 from jax_sharding_ext._shard_math import get_shard_shape as get_shard_shape
 from jax_sharding_ext._version import __version__ as __version__
 from jax_sharding_ext._version import __version_info__ as __version_info__
+from jax_sharding_ext.multihost_utils import (
+  global_array_to_host_local_array as global_array_to_host_local_array,
+)
+from jax_sharding_ext.multihost_utils import (
+  host_local_array_to_global_array as host_local_array_to_global_array,
+)
+from jax_sharding_ext.multihost_utils import process_allgather as process_allgather
 
 __all__ = [
   "FROM_GDA",
@@ -50,11 +58,15 @@ __all__ = [
   "get_shard_indices",
   "get_shard_indices_replica_ids",
   "get_shard_shape",
+  "global_array_to_host_local_array",
+  "host_local_array_to_global_array",
   "install",
   "is_installed",
   "mark_shardable",
+  "multihost_utils",
   "parallel_functions_output_gda",
   "pjit",
+  "process_allgather",
   "rebase_donate_argnums",
   "sharded_callback",
   "transfer_ledger",

@@ -1,0 +1,261 @@
+"""`jax.experimental.multihost_utils` for pytrees that hold `GlobalDeviceArray`s.
+
+Every public name of stock `jax.experimental.multihost_utils`, with the same
+signature and defaults (checked against JAX 0.10.2 and 0.12). The functions
+that take data accept pytrees mixing `GlobalDeviceArray`, `jax.Array` and
+numpy; each is stock's function with a zero-copy conversion at the boundary
+(a GDA is handed to stock as its `jax.Array` view, and a `jax.Array` coming
+back for a GDA leaf is wrapped as a GDA again). All communication is stock's,
+over JAX's distributed runtime.
+
+GDA leaves keep the GDA-era semantics:
+
+- `host_local_array_to_global_array` / `global_array_to_host_local_array`:
+  GDA in, GDA out (numpy / `jax.Array` in: `jax.Array` out, as stock).
+- `process_allgather`: a GDA's global value as numpy on every process;
+  `tiled` does not apply to it (the GDA-era docstring: "This does not affect
+  GDA inputs as the GDA output will always be concatenated").
+- `broadcast_one_to_all` / `assert_equal`: a GDA on one process's devices is
+  that process's value; a GDA spanning processes is already global and is
+  refused by `broadcast_one_to_all` with a `ValueError`.
+
+Porting: `from jax.experimental import multihost_utils` becomes
+`from jax_sharding_ext import multihost_utils`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils as _stock
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_sharding_ext._gda import GlobalDeviceArray
+
+# Stock names that take no array data: the same objects.
+ProcessFailureError = _stock.ProcessFailureError
+live_devices = _stock.live_devices
+reached_preemption_sync_point = _stock.reached_preemption_sync_point
+sync_global_devices = _stock.sync_global_devices
+host_local_array_to_global_array_p = _stock.host_local_array_to_global_array_p
+global_array_to_host_local_array_p = _stock.global_array_to_host_local_array_p
+ltg_abstract_eval = _stock.ltg_abstract_eval
+ltg_batcher = _stock.ltg_batcher
+gtl_abstract_eval = _stock.gtl_abstract_eval
+
+__all__ = [
+    "ProcessFailureError",
+    "assert_equal",
+    "broadcast_one_to_all",
+    "global_array_to_host_local_array",
+    "global_array_to_host_local_array_impl",
+    "global_array_to_host_local_array_p",
+    "gtl_abstract_eval",
+    "host_local_array_to_global_array",
+    "host_local_array_to_global_array_impl",
+    "host_local_array_to_global_array_p",
+    "live_devices",
+    "ltg_abstract_eval",
+    "ltg_batcher",
+    "process_allgather",
+    "reached_preemption_sync_point",
+    "sync_global_devices",
+]
+
+
+def _is_gda(x: Any) -> bool:
+  return isinstance(x, GlobalDeviceArray)
+
+
+def _views(tree: Any) -> tuple[Any, list[bool]]:
+  """`tree` with each GDA leaf as its zero-copy `jax.Array`, and which were GDAs."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  was_gda = [_is_gda(x) for x in leaves]
+  views = [x.to_jax_array() if g else x for x, g in zip(leaves, was_gda, strict=True)]
+  return treedef.unflatten(views), was_gda
+
+
+def _as_gda(x: Any) -> Any:
+  if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+    return GlobalDeviceArray.from_jax_array(x)
+  return x  # traced (inside jit): stays what the trace made it
+
+
+def _rewrap(tree: Any, was_gda: list[bool]) -> Any:
+  """GDA leaves back as GDAs (zero-copy); other leaves as stock returned them."""
+  if not any(was_gda):
+    return tree
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef.unflatten(
+      [_as_gda(x) if g else x for x, g in zip(leaves, was_gda, strict=True)])
+
+
+def _host_value(x: Any, fn: str) -> Any:
+  """A GDA on this process's devices as its numpy value (an explicit fetch)."""
+  if not _is_gda(x):
+    return x
+  if not x.is_fully_addressable:
+    raise ValueError(
+        f"`{fn}` takes host-local values, but got a GlobalDeviceArray of shape "
+        f"{x.shape} that spans {len({d.process_index for d in x.mesh.devices.flat})} "
+        "processes: it is already global, so there is nothing to broadcast. Use "
+        "`process_allgather(gda)` for its value on every process, or pass a "
+        "host-local value (e.g. `np.asarray(gda.local_data(0))`).")
+  return np.asarray(jax.device_get(x))
+
+
+def host_local_array_to_global_array_impl(
+    arr: Any, *, global_mesh: jax.sharding.Mesh, pspec: Any):
+  """Stock's impl, with a GDA in giving a GDA out."""
+  if not _is_gda(arr):
+    return _stock.host_local_array_to_global_array_impl(
+        arr, global_mesh=global_mesh, pspec=pspec)
+  out = _stock.host_local_array_to_global_array_impl(
+      arr.to_jax_array(), global_mesh=global_mesh, pspec=pspec)
+  return _as_gda(out)
+
+
+def global_array_to_host_local_array_impl(
+    arr: Any, *, global_mesh: jax.sharding.Mesh, pspec: Any):
+  """Stock's impl, with a GDA in giving a GDA (on the local mesh) out."""
+  if not _is_gda(arr):
+    return _stock.global_array_to_host_local_array_impl(
+        arr, global_mesh=global_mesh, pspec=pspec)
+  out = _stock.global_array_to_host_local_array_impl(
+      arr.to_jax_array(), global_mesh=global_mesh, pspec=pspec)
+  return _as_gda(out)
+
+
+def host_local_array_to_global_array(
+    local_inputs: Any, global_mesh: jax.sharding.Mesh, pspecs: Any):
+  """Each process's host-local values as one global array per leaf.
+
+  Stock `multihost_utils.host_local_array_to_global_array` (see its
+  docstring), for pytrees that may hold `GlobalDeviceArray` leaves: a GDA
+  leaf comes back as a GDA over `global_mesh`; numpy and `jax.Array` leaves
+  come back as stock returns them (`jax.Array`). `pspecs` is a pytree prefix
+  of `local_inputs` (one `PartitionSpec` may cover a whole batch dict).
+
+  Example:
+    >>> batch = {"x": np.ones((4, 8)), "y": np.zeros((4,))}  # this host's rows
+    >>> g = host_local_array_to_global_array(batch, mesh, P("data"))
+  """
+  views, was_gda = _views(local_inputs)
+  views = _checked_local_inputs(views, global_mesh, pspecs)
+  out = _stock.host_local_array_to_global_array(views, global_mesh, pspecs)
+  return _rewrap(out, was_gda)
+
+
+def _is_spec_leaf(x: Any) -> bool:
+  return x is None or isinstance(x, PartitionSpec)
+
+
+def _checked_local_inputs(views: Any, global_mesh: Any, pspecs: Any) -> Any:
+  """Check each local leaf divides over the local mesh (naming the leaf), and
+  place a device array of another sharding on the local sharding first (stock
+  fails inside `batched_device_put` for a multi-device array it must slice)."""
+  specs, spec_def = jax.tree_util.tree_flatten(pspecs, is_leaf=_is_spec_leaf)
+  try:
+    subtrees = spec_def.flatten_up_to(views)
+  except ValueError:
+    return views  # not a prefix: stock raises its own error
+  local_mesh = global_mesh.local_mesh
+  spec_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
+      pspecs, is_leaf=_is_spec_leaf)[0]]
+  out = []
+  for path, spec, sub in zip(spec_paths, specs, subtrees, strict=True):
+    if not isinstance(spec, PartitionSpec):
+      out.append(sub)  # None or junk: stock's error names it
+      continue
+    local = NamedSharding(local_mesh, spec)
+
+    def one(subpath, x, path=path, spec=spec, local=local):
+      shape = np.shape(x)
+      for dim, entry in enumerate(spec):
+        names = entry if isinstance(entry, tuple) else (entry,)
+        parts = int(np.prod([local_mesh.shape[n] for n in names
+                             if n is not None and n in local_mesh.shape]))
+        if dim < len(shape) and shape[dim] % parts:
+          raise ValueError(
+              f"`host_local_array_to_global_array`: the local input "
+              f"{jax.tree_util.keystr((*path, *subpath)) or 'local_inputs'} of shape "
+              f"{shape} cannot be globalised with pspec {spec}: its dimension {dim} "
+              f"({shape[dim]}) must divide evenly over this process's {parts} "
+              f"devices along {entry!r} (local mesh {dict(local_mesh.shape)}). "
+              "Give every process a local batch whose size is a multiple of that.")
+      if (isinstance(x, jax.Array) and x.is_fully_addressable
+          and len(x.sharding.device_set) > 1
+          and not x.sharding.is_equivalent_to(local, x.ndim)):
+        return jax.device_put(x, local)
+      return x
+    out.append(jax.tree_util.tree_map_with_path(one, sub))
+  return spec_def.unflatten(out)
+
+
+def global_array_to_host_local_array(
+    global_inputs: Any, global_mesh: jax.sharding.Mesh, pspecs: Any):
+  """Each global array's part on this process's devices, per leaf.
+
+  Stock `multihost_utils.global_array_to_host_local_array`, for pytrees that
+  may hold `GlobalDeviceArray` leaves: a GDA leaf comes back as a GDA over
+  `global_mesh.local_mesh`; other leaves as stock returns them.
+  """
+  views, was_gda = _views(global_inputs)
+  out = _stock.global_array_to_host_local_array(views, global_mesh, pspecs)
+  return _rewrap(out, was_gda)
+
+
+def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
+  """Gather data from across processes, as numpy.
+
+  Args:
+    in_tree: a pytree of arrays. A `GlobalDeviceArray` or a global
+      (non-fully-addressable) `jax.Array` gives its global value on every
+      process; every other leaf must have the same shape on every process.
+    tiled: for host-local leaves, concatenate (True) or stack along a new
+      leading axis (False, the default). Does not affect GDA leaves, whose
+      output is always the global value (GDA-era semantics); stock raises for
+      a global `jax.Array` with `tiled=False`.
+
+  Returns:
+    A pytree of numpy arrays.
+  """
+  def one(x):
+    if not _is_gda(x):
+      return _stock.process_allgather(x, tiled=tiled)
+    if x.is_fully_addressable:
+      return np.asarray(jax.device_get(x))
+    return _stock.process_allgather(x.to_jax_array(), tiled=True)
+  return jax.tree_util.tree_map(one, in_tree)
+
+
+def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
+  """Broadcast data from a source process (process 0 by default) to all others.
+
+  Stock `multihost_utils.broadcast_one_to_all`: returns numpy leaves. A
+  `GlobalDeviceArray` on the calling process's devices is its value there; a
+  GDA spanning processes raises `ValueError` (it is already global).
+
+  Args:
+    in_tree: a pytree of arrays, the same shapes on every process.
+    is_source: whether this process is the source; None means process 0.
+  """
+  host = jax.tree_util.tree_map(lambda x: _host_value(x, "broadcast_one_to_all"), in_tree)
+  return _stock.broadcast_one_to_all(host, is_source=is_source)
+
+
+def assert_equal(in_tree, fail_message: str = ''):
+  """Verify that every process has the same pytree of values.
+
+  Stock `multihost_utils.assert_equal`; raises `AssertionError` starting with
+  `fail_message` on every process when any differs. A `GlobalDeviceArray`
+  on one process's devices counts as that process's value; a GDA spanning
+  processes is compared as stock compares a global `jax.Array`.
+  """
+  def one(x):
+    if _is_gda(x):
+      return _host_value(x, "assert_equal") if x.is_fully_addressable else x.to_jax_array()
+    return x
+  return _stock.assert_equal(jax.tree_util.tree_map(one, in_tree), fail_message)

@@ -1,0 +1,149 @@
+"""`jax_sharding_ext.multihost_utils` in one process (8 devices).
+
+The multi-process behaviour (2 and 4 real processes) is in
+`test_multiprocess.py`; here: the surface matches stock's, leaves come back
+as the kind they went in, GDA-era semantics, and clear errors.
+"""
+
+import inspect
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import multihost_utils as stock
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_sharding_ext
+from jax_sharding_ext import GlobalDeviceArray, multihost_utils
+
+# Names stock's module imports rather than defines.
+_IMPORTED = {"annotations", "partial", "lru_cache", "Any", "tree_flatten",
+             "tree_unflatten", "P", "safe_zip"}
+
+
+def _stock_public_names():
+  return {n for n, v in vars(stock).items()
+          if not n.startswith("_") and not isinstance(v, types.ModuleType)
+          and n not in _IMPORTED}
+
+
+def _gda(mesh, spec, shape=(8, 2), scale=1):
+  data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) * scale
+  return GlobalDeviceArray.from_callback(shape, mesh, spec, lambda i: data[i]), data
+
+
+def test_every_stock_name_with_the_same_signature():
+  names = _stock_public_names()
+  assert names <= set(multihost_utils.__all__), names - set(multihost_utils.__all__)
+  for name in names:
+    ours, theirs = getattr(multihost_utils, name), getattr(stock, name)
+    if inspect.isfunction(theirs):
+      assert inspect.signature(ours) == inspect.signature(theirs), name
+    else:
+      assert ours is theirs, name
+
+
+def test_top_level_exports_and_porting_import():
+  from jax_sharding_ext import multihost_utils as mu  # the porting-table line
+  assert mu is multihost_utils
+  for name in ("host_local_array_to_global_array", "global_array_to_host_local_array",
+               "process_allgather"):
+    assert getattr(jax_sharding_ext, name) is getattr(multihost_utils, name)
+
+
+def test_host_local_to_global_and_back_keep_each_leaf_kind(mesh_2d):
+  gda, data = _gda(mesh_2d, P("x", "y"))
+  tree = {"gda": gda, "arr": jnp.asarray(data), "np": data}
+  out = multihost_utils.host_local_array_to_global_array(tree, mesh_2d, P("x", "y"))
+  assert type(out["gda"]) is GlobalDeviceArray
+  # numpy / jax.Array in: what stock returns for them.
+  want = stock.host_local_array_to_global_array(
+      {"arr": jnp.asarray(data), "np": data}, mesh_2d, P("x", "y"))
+  for k in ("arr", "np"):
+    assert type(out[k]) is type(want[k]) and not isinstance(out[k], GlobalDeviceArray)
+  for leaf in out.values():
+    assert leaf.sharding.is_equivalent_to(NamedSharding(mesh_2d, P("x", "y")), 2)
+    np.testing.assert_array_equal(np.asarray(leaf), data)
+  back = multihost_utils.global_array_to_host_local_array(out, mesh_2d, P("x", "y"))
+  assert type(back["gda"]) is GlobalDeviceArray
+  assert back["gda"].mesh_axes == P("x", "y")
+  assert not any(isinstance(back[k], GlobalDeviceArray) for k in ("arr", "np"))
+  for leaf in back.values():
+    np.testing.assert_array_equal(np.asarray(leaf), data)
+
+
+def test_conversion_is_zero_copy_when_the_layout_matches(mesh_2d):
+  gda, _ = _gda(mesh_2d, P("x", "y"))
+  out = multihost_utils.host_local_array_to_global_array(gda, mesh_2d, P("x", "y"))
+  before = [s.data.unsafe_buffer_pointer() for s in gda.local_shards]
+  assert [s.data.unsafe_buffer_pointer() for s in out.local_shards] == before
+  back = multihost_utils.global_array_to_host_local_array(out, mesh_2d, P("x", "y"))
+  assert [s.data.unsafe_buffer_pointer() for s in back.local_shards] == before
+
+
+def test_a_gda_of_another_sharding_is_resharded_not_a_runtime_error(mesh_2d):
+  # Stock fails inside batched_device_put for a multi-device jax.Array whose
+  # sharding differs from the target (INVALID_ARGUMENT "exactly one shard").
+  gda, data = _gda(mesh_2d, P("x"))
+  with pytest.raises(Exception, match="exactly one shard"):
+    stock.host_local_array_to_global_array(gda.to_jax_array(), mesh_2d, P("x", "y"))
+  for leaf in (gda, gda.to_jax_array()):
+    out = multihost_utils.host_local_array_to_global_array(leaf, mesh_2d, P("x", "y"))
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh_2d, P("x", "y")), 2)
+    np.testing.assert_array_equal(np.asarray(out), data)
+
+
+def test_gda_era_calling_patterns(mesh_2d):
+  # One spec for a whole batch dict; a tuple of specs with a None subtree.
+  batch = {"x": np.ones((8, 4), np.float32), "y": np.arange(8, dtype=np.int32)}
+  out = multihost_utils.host_local_array_to_global_array(batch, mesh_2d, P("x"))
+  assert {k: v.shape for k, v in out.items()} == {"x": (8, 4), "y": (8,)}
+  out = multihost_utils.host_local_array_to_global_array(
+      (batch["x"], None), mesh_2d, (P(("x", "y")), None))
+  assert out[1] is None and out[0].sharding.spec == P(("x", "y"))
+  out = multihost_utils.host_local_array_to_global_array(batch["x"], mesh_2d, P(None))
+  assert out.sharding.is_fully_replicated
+
+
+@pytest.mark.parametrize("shape,spec,dim", [((3, 2), P("x"), 0), ((4, 3), P("x", "y"), 1),
+                                            ((6, 2), P(("x", "y")), 0)])
+def test_a_local_batch_that_cannot_be_globalised_is_a_clear_value_error(
+    mesh_2d, shape, spec, dim):
+  tree = {"batch": {"image": np.ones(shape, np.float32)}}
+  with pytest.raises(ValueError, match=(
+      rf"local input \[.batch.\]\[.image.\] of shape \({shape[0]}, {shape[1]}\) cannot "
+      rf"be globalised .* its dimension {dim} .* Give every process a local batch")):
+    multihost_utils.host_local_array_to_global_array(tree, mesh_2d, {"batch": spec})
+  with pytest.raises(ValueError, match="`None` is not a valid input to the pspecs"):
+    multihost_utils.host_local_array_to_global_array(np.ones((8, 2)), mesh_2d, None)
+
+
+def test_process_allgather_gives_a_gdas_global_value(mesh_2d):
+  gda, data = _gda(mesh_2d, P("x", "y"))
+  for tiled in (False, True):
+    out = multihost_utils.process_allgather({"g": gda, "n": data}, tiled=tiled)
+    assert type(out["g"]) is np.ndarray
+    np.testing.assert_array_equal(out["g"], data)  # tiled does not apply to a GDA
+    want = stock.process_allgather(data, tiled=tiled)  # host values: stock's stacking
+    np.testing.assert_array_equal(out["n"], want)
+    assert out["n"].shape == want.shape
+
+
+def test_process_allgather_records_the_fetch_in_the_ledger(mesh_2d):
+  gda, _ = _gda(mesh_2d, P("x", "y"))
+  with jax_sharding_ext.transfer_ledger() as ledger:
+    multihost_utils.process_allgather(gda)
+  assert ledger.records and all(r.direction == "device_to_host" for r in ledger.records)
+
+
+def test_broadcast_and_assert_equal_in_one_process(mesh_2d):
+  gda, data = _gda(mesh_2d, P("x"))
+  out = multihost_utils.broadcast_one_to_all({"g": gda, "n": np.int32(7)})
+  assert type(out["g"]) is np.ndarray and out["n"] == 7
+  np.testing.assert_array_equal(out["g"], data)
+  assert bool(multihost_utils.broadcast_one_to_all(jnp.array(True))) is True
+  multihost_utils.assert_equal({"g": gda, "t": multihost_utils.broadcast_one_to_all(
+      np.int32(1234))}, "configs differ")
+  multihost_utils.sync_global_devices("single process")
