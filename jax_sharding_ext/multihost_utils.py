@@ -136,13 +136,15 @@ def host_local_array_to_global_array(
   docstring), for pytrees that may hold `GlobalDeviceArray` leaves: a GDA
   leaf comes back as a GDA over `global_mesh`; numpy and `jax.Array` leaves
   come back as stock returns them (`jax.Array`). `pspecs` is a pytree prefix
-  of `local_inputs` (one `PartitionSpec` may cover a whole batch dict).
+  of `local_inputs` (one `PartitionSpec` may cover a whole batch dict); a
+  `None` in it means replicated (`PartitionSpec()`), as in GDA-era pjit.
 
   Example:
     >>> batch = {"x": np.ones((4, 8)), "y": np.zeros((4,))}  # this host's rows
     >>> g = host_local_array_to_global_array(batch, mesh, P("data"))
   """
   views, was_gda = _views(local_inputs)
+  pspecs = _none_as_replicated(pspecs)
   views = _checked_local_inputs(views, global_mesh, pspecs)
   out = _stock.host_local_array_to_global_array(views, global_mesh, pspecs)
   return _rewrap(out, was_gda)
@@ -150,6 +152,13 @@ def host_local_array_to_global_array(
 
 def _is_spec_leaf(x: Any) -> bool:
   return x is None or isinstance(x, PartitionSpec)
+
+
+def _none_as_replicated(pspecs: Any) -> Any:
+  """`None` in `pspecs` as `PartitionSpec()`: replicated, as `None` meant in
+  GDA-era pjit axis resources (stock multihost_utils rejects `None`)."""
+  return jax.tree_util.tree_map(lambda s: PartitionSpec() if s is None else s,
+                                pspecs, is_leaf=lambda x: x is None)
 
 
 def _checked_local_inputs(views: Any, global_mesh: Any, pspecs: Any) -> Any:
@@ -200,10 +209,12 @@ def global_array_to_host_local_array(
 
   Stock `multihost_utils.global_array_to_host_local_array`, for pytrees that
   may hold `GlobalDeviceArray` leaves: a GDA leaf comes back as a GDA over
-  `global_mesh.local_mesh`; other leaves as stock returns them.
+  `global_mesh.local_mesh`; other leaves as stock returns them. A `None` in
+  `pspecs` means replicated (`PartitionSpec()`).
   """
   views, was_gda = _views(global_inputs)
-  out = _stock.global_array_to_host_local_array(views, global_mesh, pspecs)
+  out = _stock.global_array_to_host_local_array(
+      views, global_mesh, _none_as_replicated(pspecs))
   return _rewrap(out, was_gda)
 
 
@@ -251,11 +262,22 @@ def assert_equal(in_tree, fail_message: str = ''):
 
   Stock `multihost_utils.assert_equal`; raises `AssertionError` starting with
   `fail_message` on every process when any differs. A `GlobalDeviceArray`
-  on one process's devices counts as that process's value; a GDA spanning
-  processes is compared as stock compares a global `jax.Array`.
+  on one process's devices counts as that process's value; a fully
+  replicated GDA spanning processes is compared replica by replica; a GDA
+  sharded across processes raises `ValueError` (there is no per-process
+  value).
   """
   def one(x):
-    if _is_gda(x):
-      return _host_value(x, "assert_equal") if x.is_fully_addressable else x.to_jax_array()
-    return x
+    if not _is_gda(x) or x.is_fully_addressable:
+      return _host_value(x, "assert_equal")
+    if not x.is_fully_replicated:
+      # Stock compares this process's first shard with the global value: a
+      # broadcasting error, or for some shapes a silently wrong comparison.
+      raise ValueError(
+          f"`assert_equal` got a GlobalDeviceArray of shape {x.shape} sharded as "
+          f"{x.mesh_axes} across processes: each process holds a different part "
+          "of it, so there is no per-process value to compare. Compare "
+          "`process_allgather(gda)` (its global value, the same everywhere), or a "
+          "fully replicated GDA.")
+    return x.to_jax_array()
   return _stock.assert_equal(jax.tree_util.tree_map(one, in_tree), fail_message)

@@ -1,24 +1,14 @@
-"""One process of `test_multiprocess.py`: run as `python _multiprocess_worker.py ID N PORT`.
+"""One process of `test_multiprocess.py` (started by `_multihost.run_workers`).
 
-Sets up 4 virtual CPU devices per process before JAX starts, joins the
-distributed runtime on 127.0.0.1:PORT, and checks `GlobalDeviceArray` over a
+With 4 virtual CPU devices per process (see `_worker_boot.boot`), checks `GlobalDeviceArray` over a
 mesh of all 8 global devices. Prints `WORKER OK` at the end; any failed check
 raises (non-zero exit).
 """
 
-import os
-import re
-import sys
-import traceback
+from _worker_boot import boot, main_guard
 
-LOCAL_DEVICES = 4
-process_id, num_processes, port = (int(a) for a in sys.argv[1:4])
-
-os.environ["JAX_PLATFORMS"] = "cpu"
-_flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
-                os.environ.get("XLA_FLAGS", "")).split()
-os.environ["XLA_FLAGS"] = " ".join(
-    [f"--xla_force_host_platform_device_count={LOCAL_DEVICES}", *_flags])
+W = boot()
+process_id, num_processes, LOCAL_DEVICES = W.process_id, W.num_processes, W.local_devices
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -28,13 +18,6 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_sharding_ext  # noqa: E402
 from jax_sharding_ext import GlobalDeviceArray  # noqa: E402
-
-if hasattr(jax.config, "jax_cpu_collectives_implementation"):
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
-                           num_processes=num_processes, process_id=process_id,
-                           initialization_timeout=60)
 
 
 def log(msg):
@@ -146,17 +129,7 @@ def main():
 
   # Keep both processes alive until both have finished their checks.
   multihost_utils.sync_global_devices("jse_multiprocess_done")
-  print("WORKER OK", flush=True)
 
 
 if __name__ == "__main__":
-  try:
-    main()
-  except BaseException:
-    traceback.print_exc()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Exit now: the atexit `jax.distributed` shutdown would wait at a barrier
-    # for the other process, which is itself stuck waiting for this one.
-    os._exit(1)
-  jax.distributed.shutdown()
+  main_guard(main)

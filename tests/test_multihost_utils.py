@@ -8,6 +8,7 @@ as the kind they went in, GDA-era semantics, and clear errors.
 import inspect
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -107,6 +108,22 @@ def test_gda_era_calling_patterns(mesh_2d):
   assert out.sharding.is_fully_replicated
 
 
+def test_none_pspec_means_replicated_as_in_gda_era_pjit(mesh_2d):
+  # Stock rejects `None` ("`None` is not a valid input to the pspecs
+  # argument"); GDA-era code (pjit axis resources) used it for replicated,
+  # and paxml wraps stock to map it to P(). Here it is P().
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  with pytest.raises(ValueError, match="`None` is not a valid input to the pspecs"):
+    stock.host_local_array_to_global_array(x, mesh_2d, None)
+  for pspecs in (None, (None,), {"w": None}):
+    tree = jax.tree.unflatten(jax.tree.structure(pspecs, is_leaf=lambda s: s is None), [x])
+    out = multihost_utils.host_local_array_to_global_array(tree, mesh_2d, pspecs)
+    g = jax.tree.leaves(out)[0]
+    assert g.sharding.is_equivalent_to(NamedSharding(mesh_2d, P()), 2), g.sharding
+    back = multihost_utils.global_array_to_host_local_array(out, mesh_2d, pspecs)
+    np.testing.assert_array_equal(jax.tree.leaves(back)[0], x)
+
+
 @pytest.mark.parametrize("shape,spec,dim", [((3, 2), P("x"), 0), ((4, 3), P("x", "y"), 1),
                                             ((6, 2), P(("x", "y")), 0)])
 def test_a_local_batch_that_cannot_be_globalised_is_a_clear_value_error(
@@ -116,8 +133,6 @@ def test_a_local_batch_that_cannot_be_globalised_is_a_clear_value_error(
       rf"local input \[.batch.\]\[.image.\] of shape \({shape[0]}, {shape[1]}\) cannot "
       rf"be globalised .* its dimension {dim} .* Give every process a local batch")):
     multihost_utils.host_local_array_to_global_array(tree, mesh_2d, {"batch": spec})
-  with pytest.raises(ValueError, match="`None` is not a valid input to the pspecs"):
-    multihost_utils.host_local_array_to_global_array(np.ones((8, 2)), mesh_2d, None)
 
 
 def test_process_allgather_gives_a_gdas_global_value(mesh_2d):

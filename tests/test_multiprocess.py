@@ -1,81 +1,86 @@
-"""GlobalDeviceArray under real multi-process JAX (`jax.distributed`).
+"""GlobalDeviceArray and `jax_sharding_ext.multihost_utils` under real
+multi-process JAX (`jax.distributed` on 127.0.0.1, CPU collectives).
 
-Starts 2 worker processes (`_multiprocess_worker.py`) with 4 virtual CPU
-devices each, joined through a coordinator on 127.0.0.1, so the mesh spans 8
-global devices of which each process owns 4. The checks themselves run in the
-workers; this test only starts them, enforces a hard timeout, and shows each
-process's output when something fails.
+The checks run in worker processes (`_multiprocess_worker.py`,
+`_multihost_worker.py`); these tests start them through `_multihost.py`,
+which enforces a hard timeout, always kills them, and reports which worker
+failed first with every worker's output.
 """
 
-import os
+import re
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from _multihost import run_workers
 
-NUM_PROCESSES = 2
-TIMEOUT_S = 120
-WORKER = Path(__file__).with_name("_multiprocess_worker.py")
+pytestmark = pytest.mark.multiprocess
 
-
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+HERE = Path(__file__).parent
+GDA_WORKER = HERE / "_multiprocess_worker.py"
+UTILS_WORKER = HERE / "_multihost_worker.py"
+SPLITS = [pytest.param(2, 4, id="2x4"), pytest.param(4, 2, id="4x2")]  # N, local devices
 
 
-def _run_workers(num_processes: int, timeout: float):
-  """Run the workers; return (returncodes, outputs, timed_out)."""
-  port = _free_port()
-  env = dict(os.environ)
-  env.pop("JSE_TEST_DEVICES", None)
-  env["PYTHONUNBUFFERED"] = "1"
-  procs = []
-  for i in range(num_processes):
-    procs.append(subprocess.Popen(
-        [sys.executable, "-W", "error", str(WORKER), str(i), str(num_processes), str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-        cwd=str(WORKER.parent.parent), start_new_session=True))
-  deadline = time.monotonic() + timeout
-  timed_out = False
-  try:
-    # Poll so that one worker failing stops the other at once (it would
-    # otherwise wait for its peer in a collective until the timeout).
-    while True:
-      codes = [p.poll() for p in procs]  # poll every worker, not just the first running one
-      if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-        break
-      if time.monotonic() > deadline:
-        timed_out = True
-        break
-      time.sleep(0.1)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-    outputs = [p.communicate(timeout=30) for p in procs]
-  return [p.returncode for p in procs], outputs, timed_out
+def _check(run):
+  if not run.ok:
+    pytest.fail(run.report(), pytrace=False)
 
 
-def _report(returncodes, outputs, timed_out, timeout=TIMEOUT_S) -> str:
-  parts = [f"workers timed out after {timeout} s" if timed_out
-           else f"worker return codes: {returncodes}"]
-  for i, (rc, (out, err)) in enumerate(zip(returncodes, outputs, strict=True)):
-    parts.append(f"[process={i}] returncode={rc}\n"
-                 f"--- stdout ---\n{out.decode(errors='replace')}\n"
-                 f"--- stderr ---\n{err.decode(errors='replace')}")
-  return "\n".join(parts)
-
-
-@pytest.mark.multiprocess
 def test_gda_multiprocess():
-  returncodes, outputs, timed_out = _run_workers(NUM_PROCESSES, TIMEOUT_S)
-  ok = (not timed_out and returncodes == [0] * NUM_PROCESSES
-        and all(b"WORKER OK" in out for out, _ in outputs))
-  if not ok:
-    report = _report(returncodes, outputs, timed_out)
-    print(report)
-    pytest.fail(report, pytrace=False)
+  _check(run_workers(GDA_WORKER, 2, 4))
+
+
+@pytest.mark.parametrize("num_processes, local_devices", SPLITS)
+def test_multihost_utils(num_processes, local_devices):
+  run = run_workers(UTILS_WORKER, num_processes, local_devices)
+  _check(run)
+  for i in range(num_processes):
+    assert f"[worker {i}] data loading ok" in run.stdout(i), run.report()
+  # Ordered prints: every printed line once, in program order, per process.
+  printed = [[int(k) for k in re.findall(r"^ORDERED (\d+) ", run.stdout(i), re.M)]
+             for i in range(num_processes)]
+  assert all(p == sorted(p) and len(set(p)) == len(p) for p in printed), printed
+  assert sorted(k for p in printed for k in p) == list(range(6)), printed
+  sums = re.findall(r"^ORDERED (\d+) (\S+)$", "".join(run.stdout(i) for i in range(num_processes)),
+                    re.M)
+  assert {int(k): float(s) for k, s in sums} == {k: 120.0 + 16 * k for k in range(6)}, sums
+
+
+def test_dead_worker_fails_the_others_and_is_named():
+  """Worker 2 of 4 exits before a collective: the other three must fail on
+  their own, well within the timeout, and the report must name worker 2."""
+  run = run_workers(UTILS_WORKER, 4, 2, args=("die", 2), timeout=90,
+                    stop_on_failure=False, heartbeat_s=4)
+  assert not run.timed_out, run.report()
+  assert run.first_failed == 2 and run.returncodes[2] == 3, run.report()
+  assert all(rc != 0 for rc in run.returncodes), run.report()
+  assert run.summary().startswith("worker 2 of 4 failed first"), run.summary()
+  for i in (0, 1, 3):
+    err = run.outputs[i][1]
+    assert "collectives returned" not in err, run.report()
+    assert "JAX distributed service detected fatal errors" in err or "unhealthy" in err, (
+        run.report())
+  assert run.elapsed < 60, run.report()
+
+
+def test_port_clash_is_retried():
+  """The coordinator's port is taken: the workers say so and the run is
+  retried on a fresh port."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    taken = blocker.getsockname()[1]
+    run = run_workers(UTILS_WORKER, 2, 4, args=("sync",), port=taken, timeout=60)
+  _check(run)
+  assert run.ports[0] == taken and len(run.ports) == 2 and run.ports[1] != taken, run.ports
+
+
+def test_port_clash_on_every_try_is_reported():
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    taken = blocker.getsockname()[1]
+    run = run_workers(UTILS_WORKER, 2, 4, args=("sync",), port=taken, attempts=1, timeout=60)
+  assert not run.ok and run.port_clash and run.ports == [taken], run.report()
+  assert run.summary().startswith(f"the coordinator's port {taken} was in use"), run.report()

@@ -1,0 +1,249 @@
+"""One process of `test_multiprocess.py::test_multihost_utils` (started by
+`_multihost.run_workers`): the GDA-era multi-host workflow through
+`jax_sharding_ext.multihost_utils` on a 4x2 ('x', 'y') mesh of 8 global
+devices, whatever the split (N=2 with 4 devices each, N=4 with 2 each).
+
+'x' runs across processes and 'y' within one, so with N processes each
+process owns `4 // N` rows of the mesh. Extra arguments pick a smaller
+scenario: `sync` (one `sync_global_devices`), `die K` (process K exits before
+a collective the others enter). Prints `ORDERED <k> <sum>` lines from
+ordered `jax.debug.print` for the runner to check, and `WORKER OK` at the end.
+"""
+
+from _worker_boot import boot, main_guard
+
+W = boot()
+
+import functools  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils as stock_mu  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jax_sharding_ext  # noqa: E402
+from jax_sharding_ext import GlobalDeviceArray as GDA  # noqa: E402
+from jax_sharding_ext import multihost_utils as mu  # noqa: E402
+
+PID, N, L = W.process_id, W.num_processes, W.local_devices
+F32 = np.float32
+
+
+def raises(exc_type, fn, *args, **kwargs) -> str:
+  try:
+    fn(*args, **kwargs)
+  except exc_type as e:
+    return str(e)
+  raise AssertionError(f"{fn.__name__} did not raise {exc_type.__name__}")
+
+
+def is_plain_array(x) -> bool:
+  return isinstance(x, jax.Array) and not isinstance(x, GDA)
+
+
+def local_leaves(p):
+  """Process p's host-local inputs (every process can rebuild any p's)."""
+  rows = 2 * (4 // N)
+  a = np.arange(rows * 3, dtype=F32).reshape(rows, 3) + 100 * p
+  b = np.arange(rows * 4, dtype=F32).reshape(rows, 4) + 1000 * p
+  d = np.arange(2 * L, dtype=F32) + 10 * p
+  return a, b, d
+
+
+def check_round_trip(mesh):
+  """host-local -> global -> jit -> host-local on a pytree of all three kinds."""
+  local_mesh = mesh.local_mesh
+  a, b, d = local_leaves(PID)
+  const = np.arange(6, dtype=F32).reshape(3, 2)
+  tree = {
+      "a": a,  # numpy
+      "b": jax.device_put(b, NamedSharding(local_mesh, P("x", "y"))),  # jax.Array
+      "cd": (GDA.from_callback((3, 2), local_mesh, P(None), lambda i: const[i]),
+             GDA.from_callback(d.shape, local_mesh, P(("x", "y")), lambda i: d[i])),
+  }
+  pspecs = {"a": P("x"), "b": P("x", "y"), "cd": (P(None), P(("x", "y")))}
+
+  g = mu.host_local_array_to_global_array(tree, mesh, pspecs)
+  assert is_plain_array(g["a"]) and is_plain_array(g["b"]), (type(g["a"]), type(g["b"]))
+  assert all(isinstance(x, GDA) for x in g["cd"]), [type(x) for x in g["cd"]]
+  assert g["cd"][1].mesh == mesh and g["cd"][1].mesh_axes == P(("x", "y"))
+  assert not any(x.is_fully_addressable for x in jax.tree.leaves(g))
+  every = [local_leaves(p) for p in range(N)]
+  want = {"a": np.concatenate([e[0] for e in every]),
+          "b": np.concatenate([e[1] for e in every]),
+          "cd": (const, np.concatenate([e[2] for e in every]))}
+  got = mu.process_allgather(g, tiled=True)  # tiled: the plain global jax.Arrays need it
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+
+  out = jax.jit(lambda t: jax.tree.map(lambda x: x * 2 + 1, t))(g)
+  back = {"a": out["a"], "b": out["b"],
+          "cd": tuple(GDA.from_jax_array(x) for x in out["cd"])}
+  host = mu.global_array_to_host_local_array(back, mesh, pspecs)
+  assert is_plain_array(host["a"]) and is_plain_array(host["b"])
+  assert all(isinstance(x, GDA) and x.is_fully_addressable for x in host["cd"])
+  assert host["cd"][1].mesh == local_mesh
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), y * 2 + 1),
+               host, {"a": a, "b": b, "cd": (const, d)})
+
+  # One spec for a whole batch dict; a tuple of specs with `None` subtrees
+  # (`None` means replicated, as in GDA-era pjit).
+  g = mu.host_local_array_to_global_array({"x": a, "y": a[:, 0]}, mesh, P("x"))
+  assert g["x"].shape == (a.shape[0] * N, 3) and g["y"].shape == (a.shape[0] * N,)
+  g = mu.host_local_array_to_global_array((a, None, {"w": const}), mesh,
+                                          (P("x"), None, None))
+  assert g[1] is None and g[2]["w"].shape == const.shape
+  assert g[2]["w"].sharding.is_fully_replicated
+  np.testing.assert_array_equal(mu.process_allgather(g[2]["w"], tiled=True), const)
+
+  # A local batch that cannot be globalised: a clear error naming the leaf.
+  msg = raises(ValueError, mu.host_local_array_to_global_array,
+               {"tokens": np.zeros((2 * L - 1, 3), F32)}, mesh, P(("x", "y")))
+  assert "['tokens']" in msg and "divide evenly" in msg, msg
+  W.log("round trip ok")
+  return g, back["cd"]
+
+
+def check_collectives(mesh, global_gdas):
+  replicated, sharded = global_gdas  # spanning every process
+  d_global = np.concatenate([local_leaves(p)[2] for p in range(N)]) * 2 + 1
+
+  # process_allgather: a GDA is its global value, tiled or not.
+  for tiled in (False, True):
+    np.testing.assert_array_equal(mu.process_allgather(sharded, tiled=tiled), d_global)
+  h = np.array([PID, PID + 1])
+  stacked = mu.process_allgather({"g": sharded, "h": h})
+  np.testing.assert_array_equal(stacked["g"], d_global)
+  np.testing.assert_array_equal(stacked["h"], [[p, p + 1] for p in range(N)])
+  tiled = mu.process_allgather({"g": sharded, "h": h}, tiled=True)
+  np.testing.assert_array_equal(tiled["h"], np.concatenate([[p, p + 1] for p in range(N)]))
+  counts = mu.process_allgather(jnp.array([3 * PID]), tiled=False)
+  np.testing.assert_array_equal(counts, [[3 * p] for p in range(N)])
+  # A plain global jax.Array keeps stock's behaviour, error included.
+  plain = sharded.to_jax_array()
+  np.testing.assert_array_equal(mu.process_allgather(plain, tiled=True), d_global)
+  mine = raises(Exception, mu.process_allgather, plain, tiled=False)
+  assert mine == raises(Exception, stock_mu.process_allgather, plain, tiled=False)
+
+  # broadcast_one_to_all: numpy out; default source 0, or an explicit one.
+  out = mu.broadcast_one_to_all({"seed": np.int32(7 * PID + 3), "v": np.arange(3) + PID})
+  assert isinstance(out["seed"], np.ndarray) and int(out["seed"]) == 3, out
+  np.testing.assert_array_equal(out["v"], np.arange(3))
+  assert float(mu.broadcast_one_to_all(F32(PID), is_source=PID == N - 1)) == N - 1
+  assert bool(mu.broadcast_one_to_all(jnp.array(PID == 0))) is True
+  local = GDA.from_callback((2,), mesh.local_mesh, P(None), lambda i: np.full(2, PID, F32)[i])
+  np.testing.assert_array_equal(mu.broadcast_one_to_all(local), [0, 0])
+  msg = raises(ValueError, mu.broadcast_one_to_all, {"w": sharded})
+  assert "already global" in msg and "process_allgather" in msg, msg
+
+  # assert_equal: passes on equal values, raises with the message everywhere.
+  start = mu.broadcast_one_to_all(np.int32(time.time()) + PID)
+  mu.assert_equal(start, "start times differ")
+  mu.assert_equal({"cfg": np.arange(4), "lr": F32(0.1), "w": replicated}, "configs differ")
+  mu.assert_equal(local - local, "local GDAs differ")  # equal zeros everywhere
+  msg = raises(AssertionError, mu.assert_equal, np.int32(PID), "step mismatch")
+  assert msg.startswith("step mismatch"), msg
+  msg = raises(AssertionError, mu.assert_equal, GDA.from_jax_array(local), "gda mismatch")
+  assert msg.startswith("gda mismatch"), msg
+  msg = raises(ValueError, mu.assert_equal, sharded)
+  assert "process_allgather" in msg, msg
+
+  t0 = time.monotonic()
+  mu.sync_global_devices("jse collectives done")
+  W.log(f"collectives ok (sync {time.monotonic() - t0:.2f} s)")
+
+
+def host_batch(step, p, rows):
+  rng = np.random.default_rng(1000 * step + p)
+  return rng.normal(size=(rows, 4)).astype(F32), rng.normal(size=(rows,)).astype(F32)
+
+
+def check_data_loading(mesh):
+  """The GDA-era loop: per-host numpy batches, GDAs on the global mesh,
+  3 donated steps, every process agreeing on the loss."""
+  rows = 16 // N  # this process's share of the global batch of 16
+  offset = PID * rows
+  w0 = np.linspace(-1, 1, 4).astype(F32)
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def train_step(w, x, y):
+    loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+    return w - 0.1 * grad, loss
+
+  with jax_sharding_ext.parallel_functions_output_gda(True):
+    w = GDA.from_callback((4,), mesh, P(None), lambda i: w0[i])
+    losses = []
+    for step in range(3):
+      x_local, y_local = host_batch(step, PID, rows)
+
+      def x_cb(indices, x_local=x_local):
+        for idx in indices:
+          assert offset <= idx[0].start < idx[0].stop <= offset + rows, (idx, offset)
+        return [x_local[idx[0].start - offset: idx[0].stop - offset] for idx in indices]
+
+      x = GDA.from_batched_callback((16, 4), mesh, P("x"), x_cb)
+      y = GDA.from_callback((16,), mesh, P("x"),
+                            lambda idx, y_local=y_local: y_local[idx[0].start - offset:
+                                                                 idx[0].stop - offset])
+      old = w
+      w, loss = train_step(w, x, y)
+      assert old.is_deleted() and isinstance(w, GDA), (old.is_deleted(), type(w))
+      losses.append(float(mu.process_allgather(loss)))
+    mu.assert_equal(np.array(losses, F32), "processes disagree on the loss")
+
+  # The same three steps in numpy on the whole global batch.
+  w_ref = w0.astype(np.float64)
+  for step, loss in enumerate(losses):
+    x, y = (np.concatenate(z) for z in zip(*(host_batch(step, p, rows) for p in range(N)), strict=True))
+    err = x @ w_ref - y
+    np.testing.assert_allclose(loss, np.mean(err ** 2), rtol=1e-5)
+    w_ref = w_ref - 0.1 * (2 / len(y)) * (x.T @ err)
+  np.testing.assert_allclose(mu.process_allgather(w), w_ref, rtol=1e-5)
+  W.log(f"data loading ok, losses {losses}")
+
+
+def check_ordered_prints(mesh):
+  data = np.arange(16, dtype=F32).reshape(8, 2)
+  x = GDA.from_callback((8, 2), mesh, P("x", "y"), lambda i: data[i])
+
+  @jax.jit
+  def f(x, base):
+    for k in range(3):
+      jax.debug.print("ORDERED {k} {s}", k=base + k, s=x.sum(), ordered=True)
+      x = x + 1
+    return x
+
+  for call in range(2):
+    x = f(x, 3 * call)
+  jax.effects_barrier()
+  mu.sync_global_devices("jse ordered prints done")
+
+
+def die_before_collective(dead: int):
+  """Process `dead` exits abruptly; the others enter collectives it never joins."""
+  if PID == dead:
+    W.log("exiting before the collective")
+    os._exit(3)
+  mu.sync_global_devices("jse peer is dead")
+  mu.process_allgather(np.int32(PID))
+  raise AssertionError("collectives returned although a peer died")
+
+
+def main():
+  assert (jax.process_count(), jax.process_index(), jax.local_device_count()) == (N, PID, L)
+  if W.args[:1] == ("sync",):
+    return mu.sync_global_devices("jse sync only")
+  if W.args[:1] == ("die",):
+    return die_before_collective(int(W.args[1]))
+  mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+  _, global_gdas = check_round_trip(mesh)
+  check_collectives(mesh, global_gdas)
+  check_data_loading(mesh)
+  check_ordered_prints(mesh)
+
+
+if __name__ == "__main__":
+  main_guard(main)

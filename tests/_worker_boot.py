@@ -1,0 +1,80 @@
+"""Worker side of the multi-process tests (see `_multihost.py`).
+
+A worker script does, before anything imports JAX::
+
+  from _worker_boot import boot, main_guard
+  ctx = boot()           # argv: ID N PORT LOCAL_DEVICES [ARGS...]
+  import jax ...
+  main_guard(main)       # runs main(); prints WORKER OK, or exits 1 at once
+
+`boot` gives this process LOCAL_DEVICES virtual CPU devices, picks CPU
+collectives, and joins the distributed runtime on 127.0.0.1:PORT with short
+timeouts, so a dead peer makes the others fail instead of hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import traceback
+
+PORT_IN_USE_EXIT = 75  # kept in step with _multihost.py
+# How soon the runtime declares a silent peer dead; the fault test lowers it.
+HEARTBEAT_TIMEOUT_S = int(os.environ.get("JSE_TEST_HEARTBEAT_S", "10"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+  process_id: int
+  num_processes: int
+  local_devices: int
+  args: tuple[str, ...]
+
+  def log(self, msg: str) -> None:
+    print(f"[worker {self.process_id}] {msg}", flush=True)
+
+
+def boot() -> Worker:
+  process_id, num_processes, port, local_devices = (int(a) for a in sys.argv[1:5])
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                 os.environ.get("XLA_FLAGS", "")).split()
+  os.environ["XLA_FLAGS"] = " ".join(
+      [f"--xla_force_host_platform_device_count={local_devices}", *flags])
+
+  import jax
+
+  if hasattr(jax.config, "jax_cpu_collectives_implementation"):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  try:
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}", num_processes=num_processes,
+        process_id=process_id, initialization_timeout=60,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  except Exception as e:
+    if "Failed to start RPC server" in str(e):
+      print(f"[worker {process_id}] coordinator port {port} is in use", flush=True)
+      os._exit(PORT_IN_USE_EXIT)
+    raise
+  return Worker(process_id, num_processes, local_devices, tuple(sys.argv[5:]))
+
+
+def main_guard(main) -> None:
+  """Run `main()`; on success print WORKER OK, on any failure exit 1 at once.
+
+  Exiting with `os._exit` matters: the atexit `jax.distributed` shutdown
+  would wait at a barrier for peers that are themselves waiting for us.
+  """
+  import jax
+
+  try:
+    main()
+  except BaseException:
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+  print("WORKER OK", flush=True)
+  jax.distributed.shutdown()
