@@ -43,7 +43,6 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
       "pip install 'jax-sharding-ext[checkpoint]'") from e
 
 import jax
-import numpy as np
 from jax.experimental import multihost_utils as _multihost
 from jax.experimental.array_serialization import serialization as _stock
 from jax.experimental.array_serialization import tensorstore_impl as _ts_impl
