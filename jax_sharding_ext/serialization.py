@@ -195,17 +195,18 @@ async def _check_committed(spec: Any, where: str) -> None:
 # -- running coroutines -----------------------------------------------------------
 
 
-def _run(coro) -> Any:
-  """`asyncio.run(coro)`, also where this thread already runs an event loop."""
+def _call(fn: Callable[[], Any]) -> Any:
+  """`fn()`, on a helper thread if this thread runs an event loop (where
+  `asyncio.run`, used by stock and by us, refuses to start)."""
   try:
     asyncio.get_running_loop()
   except RuntimeError:
-    return asyncio.run(coro)
+    return fn()
   result: dict[str, Any] = {}
 
   def target():
     try:
-      result["value"] = asyncio.run(coro)
+      result["value"] = fn()
     except BaseException as e:  # re-raised in the caller's thread
       result["error"] = e
   t = threading.Thread(target=target, name="jax_sharding_ext.serialization")
@@ -214,6 +215,11 @@ def _run(coro) -> Any:
   if "error" in result:
     raise result["error"]
   return result["value"]
+
+
+def _run(coro_fn: Callable[[], Any]) -> Any:
+  """`asyncio.run(coro_fn())`, also where this thread already runs a loop."""
+  return _call(lambda: asyncio.run(coro_fn()))
 
 
 # -- the old module's functions -------------------------------------------------------
@@ -270,12 +276,12 @@ def run_serialization(arrays, tensorstore_specs):
   has written its shards (a barrier when there are several processes).
   """
   arrs, specs = _checked_arrays("run_serialization", arrays, tensorstore_specs)
-  _run(_set_markers(specs, True))
-  _stock.run_serialization(arrs, specs)
+  _run(lambda: _set_markers(specs, True))
+  _call(lambda: _stock.run_serialization(arrs, specs))
   if jax.process_count() > 1:
     _multihost.sync_global_devices("jax_sharding_ext.serialization.run_serialization")
   if jax.process_index() == 0:
-    _run(_set_markers(specs, False))
+    _run(lambda: _set_markers(specs, False))
   if jax.process_count() > 1:
     _multihost.sync_global_devices("jax_sharding_ext.serialization.committed")
 
@@ -290,10 +296,12 @@ async def _open_existing(spec: Any, where: str) -> ts.TensorStore:
     return await ts.open(ts.Spec(spec) if isinstance(spec, dict) else spec,
                          open=True, context=TS_CONTEXT)
   except ValueError as e:
-    if "NOT_FOUND" in str(e):
-      raise ValueError(f"{where}: no checkpoint at '{_spec_path(spec)}' ({e}).") from e
+    reason = str(e).split(" [tensorstore_spec=")[0]  # the spec is long and ours
+    if "NOT_FOUND" in reason:
+      raise ValueError(f"{where}: no checkpoint at '{_spec_path(spec)}' ({reason}). "
+                       "Check the path, and that the checkpoint was committed.") from e
     raise ValueError(f"{where}: cannot open the checkpoint at '{_spec_path(spec)}': "
-                     f"{e}") from e
+                     f"{reason}") from e
 
 
 async def async_deserialize(mesh, mesh_axes, tensorstore_spec,
@@ -341,7 +349,7 @@ def run_deserialization(global_meshes, mesh_axes, tensorstore_specs,
     return await asyncio.gather(*(
         async_deserialize(*args, byte_limiter=limiter)
         for args in zip(meshes, axes, specs, shapes, dts, strict=True)))
-  return _run(read_all())
+  return _run(read_all)
 
 
 # -- the checkpoint manager -------------------------------------------------------------
@@ -408,12 +416,13 @@ class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
     arrs, specs = _checked_arrays("GlobalAsyncCheckpointManager.serialize", arrays,
                                   tensorstore_specs)
     self.wait_until_finished()
-    _run(_set_markers(specs, True))
+    _run(lambda: _set_markers(specs, True))
 
     def commit():  # process 0, after every process has committed its writes
-      _run(_set_markers(specs, False))
+      _run(lambda: _set_markers(specs, False))
       on_commit_callback()
-    super().serialize(arrs, specs, on_commit_callback=commit)
+    _call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
+        arrs, specs, on_commit_callback=commit))
 
   def deserialize(self, global_meshes, mesh_axes, tensorstore_specs,
                   global_shapes=None, dtypes=None):
