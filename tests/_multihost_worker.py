@@ -6,7 +6,7 @@ devices, whatever the split (N=2 with 4 devices each, N=4 with 2 each).
 'x' runs across processes and 'y' within one, so with N processes each
 process owns `4 // N` rows of the mesh. Extra arguments pick a smaller
 scenario: `sync` (one `sync_global_devices`), `die K` (process K exits before
-a collective the others enter). Prints `ORDERED <k> <sum>` lines from
+a collective the others enter), `ckpt DIR` (sharded checkpoints in DIR). Prints `ORDERED <k> <sum>` lines from
 ordered `jax.debug.print` for the runner to check, and `WORKER OK` at the end.
 """
 
@@ -222,6 +222,61 @@ def check_ordered_prints(mesh):
   mu.sync_global_devices("jse ordered prints done")
 
 
+def check_checkpoints(root: str):
+  """Both processes write one 8-device GDA into one directory, each only its
+  own shards, then restore it with other mesh axes and check their shards."""
+  import asyncio
+  import os
+
+  from jax_sharding_ext import serialization
+
+  mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+  data = np.arange(64, dtype=np.float32).reshape(8, 8)
+  gda = GDA.from_callback((8, 8), mesh, P("x", "y"), lambda i: data[i])
+  spec = lambda name: serialization.get_tensorstore_spec(f"{root}/{name}")
+
+  def check(out, spec_used, want):
+    assert isinstance(out, GDA) and out.mesh_axes == spec_used and not out.is_fully_addressable
+    assert [s.device for s in out.local_shards] == list(mesh.local_devices)
+    for s in out.local_shards:
+      np.testing.assert_array_equal(np.asarray(s.data), want[s.index])
+
+  # run_serialization: every process writes its shards; restore twice.
+  serialization.run_serialization([gda], [spec("run")])
+  for axes in (P("y", "x"), P(None), P(("x", "y"))):
+    out, = serialization.run_deserialization([mesh], [axes], [spec("run")])
+    check(out, axes, data)
+
+  # Only process 0 writes (the low-level call): the rows of the other
+  # processes' devices stay at the fill value, so each writes only its own.
+  if PID == 0:
+    asyncio.run(serialization.async_serialize(gda, spec("only0")))
+  mu.sync_global_devices("jse only0 written")
+  out, = serialization.run_deserialization([mesh], [P(None)], [spec("only0")])
+  written = np.zeros_like(data)
+  for d in mesh.devices.flat:
+    if d.process_index == 0:
+      idx = gda.sharding.devices_indices_map(data.shape)[d]
+      written[idx] = data[idx]
+  check(out, P(None), written)
+  assert written.any() and not (written == data).all()
+
+  # The manager: background commit, process 0 renames once everyone is done.
+  calls = []
+
+  def on_commit():
+    calls.append(1)
+    os.rename(f"{root}/tmp", f"{root}/final")
+  manager = serialization.GlobalAsyncCheckpointManager(timeout_secs=60)
+  manager.serialize([gda], [spec("tmp/w")], on_commit_callback=on_commit)
+  manager.wait_until_finished()
+  assert calls == ([1] if PID == 0 else []), calls
+  out, = manager.deserialize([mesh], [P("x")], [spec("final/w")])
+  check(out, P("x"), data)
+  mu.sync_global_devices("jse checkpoints done")
+  W.log("checkpoints ok")
+
+
 def die_before_collective(dead: int):
   """Process `dead` exits abruptly; the others enter collectives it never joins."""
   if PID == dead:
@@ -236,6 +291,8 @@ def main():
   assert (jax.process_count(), jax.process_index(), jax.local_device_count()) == (N, PID, L)
   if W.args[:1] == ("sync",):
     return mu.sync_global_devices("jse sync only")
+  if W.args[:1] == ("ckpt",):
+    return check_checkpoints(W.args[1])
   if W.args[:1] == ("die",):
     return die_before_collective(int(W.args[1]))
   mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))

@@ -84,3 +84,12 @@ def test_port_clash_on_every_try_is_reported():
     run = run_workers(UTILS_WORKER, 2, 4, args=("sync",), port=taken, attempts=1, timeout=60)
   assert not run.ok and run.port_clash and run.ports == [taken], run.report()
   assert run.summary().startswith(f"the coordinator's port {taken} was in use"), run.report()
+
+
+def test_sharded_checkpoints_two_processes(tmp_path):
+  """Two processes write one 8-device GDA into one directory (each its own
+  shards), restore it with other mesh axes, and commit through the manager."""
+  run = run_workers(UTILS_WORKER, 2, 4, args=("ckpt", tmp_path))
+  _check(run)
+  assert all("checkpoints ok" in run.stdout(i) for i in range(2)), run.report()
+  assert (tmp_path / "final" / "w" / ".zarray").exists() and not (tmp_path / "tmp").exists()
