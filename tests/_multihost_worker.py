@@ -273,6 +273,29 @@ def check_checkpoints(root: str):
   assert calls == ([1] if PID == 0 else []), calls
   out, = manager.deserialize([mesh], [P("x")], [spec("final/w")])
   check(out, P("x"), data)
+
+  # Orbax: PyTreeCheckpointer and CheckpointManager, GDA leaves restored as GDAs.
+  import orbax.checkpoint as ocp
+
+  from jax_sharding_ext import orbax_support
+
+  state = {"w": gda, "b": GDA.from_callback((8,), mesh, P(None), lambda i: data[0][i])}
+  target = {"w": GDA.from_callback((8, 8), mesh, P(None, "x"), lambda i: data[i] * 0),
+            "b": GDA.from_callback((8,), mesh, P("y"), lambda i: data[0][i] * 0)}
+  restore = ocp.args.PyTreeRestore(item=target,
+                                   restore_args=orbax_support.restore_args_for(target))
+  ckptr = ocp.PyTreeCheckpointer()
+  ckptr.save(f"{root}/orbax", state)
+  out = ckptr.restore(f"{root}/orbax", args=restore)
+  check(out["w"], P(None, "x"), data)
+  check(out["b"], P("y"), data[0])
+  with ocp.CheckpointManager(f"{root}/managed") as mngr:
+    for step in range(2):
+      mngr.save(step, args=ocp.args.PyTreeSave(state))
+    mngr.wait_until_finished()
+    assert mngr.latest_step() == 1, mngr.all_steps()
+    out = mngr.restore(1, args=restore)
+  check(out["w"], P(None, "x"), data)
   mu.sync_global_devices("jse checkpoints done")
   W.log("checkpoints ok")
 
