@@ -1,41 +1,119 @@
-"""`GlobalDeviceArray._repr_html_`: the shard layout as an HTML table."""
+"""`GlobalDeviceArray._repr_html_`: a picture of the shard layout, then the table.
+
+The array is drawn as a 2-D grid (rank 1 as one row; rank > 2 by its two
+most-sharded dimensions, named in the caption): one box per shard at its true
+position and proportional size, labelled with its device ids (replicas share
+one box), one colour per device set. Each box carries `data-index`
+(`start:stop` per dimension, comma separated) and `data-devices` (device ids,
+comma separated) for tools and tests. Below it, the exact table: index,
+device, process and replica id of every shard. Plain HTML and inline CSS: no
+script, no network; boxes have their own light background and dark text, so
+the picture reads in light and dark themes.
+"""
 
 from __future__ import annotations
 
+import colorsys
 import html
+from collections.abc import Sequence
 
-import numpy as np
+_WIDTH = 480  # px of the picture's long side
+_MIN_SIDE = 48  # px of its short side, however thin the array
 
 
-def _fmt_index(index) -> str:
-  parts = []
-  for s in index:
-    parts.append(":" if s.start is None and s.stop is None else f"{s.start}:{s.stop}")
-  return "[" + ", ".join(parts) + "]" if parts else "[]"
+def _bounds(index: tuple, shape: Sequence[int]) -> list[tuple[int, int]]:
+  return [(s.start or 0, n if s.stop is None else s.stop)
+          for s, n in zip(index, shape, strict=True)]
+
+
+def _index_text(bounds: list[tuple[int, int]]) -> str:
+  return ",".join(f"{a}:{b}" for a, b in bounds)
+
+
+def _colour(i: int, n: int) -> str:
+  r, g, b = colorsys.hls_to_rgb((i * 0.618034) % 1.0, 0.80, 0.55 if n > 1 else 0.0)
+  return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
+
+
+def _shown_dims(shape: Sequence[int], shard_shape: Sequence[int]) -> list[int]:
+  """The (at most two) dimensions to draw, in order: the most-sharded ones."""
+  if len(shape) <= 2:
+    return list(range(len(shape)))
+  parts = [(n // s if s else 1) for n, s in zip(shape, shard_shape, strict=True)]
+  ranked = sorted(range(len(shape)), key=lambda d: (-parts[d], d))
+  return sorted(ranked[:2])
+
+
+def _table(gda) -> str:
+  rows = []
+  for s in gda.global_shards:
+    rows.append(
+        f"<tr><td><code>{_index_text(_bounds(s.index, gda.shape)) or '()'}</code></td>"
+        f"<td>{html.escape(str(s.device))}</td><td>{s.device.process_index}</td>"
+        f"<td>{s.replica_id}</td></tr>")
+  return ("<table class='jse-table' style='border-collapse:collapse;margin-top:6px'>"
+          "<thead><tr><th>index</th><th>device</th><th>process</th><th>replica id</th>"
+          "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
 def gda_html(gda) -> str:
-  """One row per device of the mesh: its mesh position, slice and replica id."""
+  """The layout picture and table of `gda` (or a note that it is deleted)."""
+  head = f"<p><code>{html.escape(repr(gda))}</code></p>"
   if gda.is_deleted():
-    return f"<div><p><code>{html.escape(repr(gda))}</code></p><p>deleted</p></div>"
-  mesh = gda.mesh
-  names = list(mesh.axis_names)
-  rows = []
-  for pos, shard in zip(_positions(mesh), gda.global_shards, strict=True):
-    style = "" if shard.replica_id == 0 else ' style="color:#888"'
-    where = "local" if shard.data is not None else "other process"
-    rows.append(
-        f"<tr{style}><td>{html.escape(str(shard.device))}</td>"
-        f"<td>{html.escape(', '.join(f'{n}={p}' for n, p in zip(names, pos, strict=True)))}</td>"
-        f"<td><code>{html.escape(_fmt_index(shard.index))}</code></td>"
-        f"<td>{shard.replica_id}{' (replica)' if shard.replica_id else ''}</td>"
-        f"<td>{where}</td></tr>")
-  head = html.escape(repr(gda))
-  return (f"<div><p><code>{head}</code></p>"
-          "<table><thead><tr><th>device</th><th>mesh position</th><th>slice</th>"
-          "<th>replica id</th><th>data</th></tr></thead><tbody>"
-          + "".join(rows) + "</tbody></table></div>")
+    return (f"<div class='jse-gda'>{head}<p><b>deleted</b>: this GlobalDeviceArray was "
+            "deleted or donated; its buffers are gone.</p></div>")
+  shape = tuple(gda.shape)
+  shards = gda.global_shards
+  # One box per distinct index: replicas share it.
+  boxes: dict[str, list] = {}
+  for s in shards:
+    bounds = _bounds(s.index, shape)
+    boxes.setdefault(_index_text(bounds), [bounds, []])[1].append(s.device.id)
 
+  shard_shape = [b - a for a, b in next(iter(boxes.values()))[0]] if boxes else []
+  dims = _shown_dims(shape, shard_shape)
+  rows_dim = dims[0] if len(dims) == 2 else None
+  cols_dim = dims[-1] if dims else None
+  n_rows = max(shape[rows_dim], 1) if rows_dim is not None else 1
+  n_cols = max(shape[cols_dim], 1) if cols_dim is not None else 1
+  if n_cols >= n_rows:
+    width, height = _WIDTH, max(_MIN_SIDE, round(_WIDTH * n_rows / n_cols))
+  else:
+    width, height = max(_MIN_SIDE, round(_WIDTH * n_cols / n_rows)), _WIDTH
+  font = 12 if len(boxes) <= 64 else 9
 
-def _positions(mesh):
-  return list(np.ndindex(*mesh.devices.shape))
+  parts = []
+  for i, (key, (bounds, devices)) in enumerate(boxes.items()):
+    r0, r1 = bounds[rows_dim] if rows_dim is not None else (0, 1)
+    c0, c1 = bounds[cols_dim] if cols_dim is not None else (0, 1)
+    if shape and 0 in shape:
+      r0, r1, c0, c1 = 0, 1, 0, 1
+    top, left = r0 / n_rows * height, c0 / n_cols * width
+    h, w = max(r1 - r0, 0) / n_rows * height, max(c1 - c0, 0) / n_cols * width
+    ids = ",".join(map(str, sorted(devices)))
+    label = ("dev " if len(devices) == 1 else "devs ") + ids.replace(",", ", ")
+    parts.append(
+        f"<div class='jse-shard' data-index='{key}' data-devices='{ids}' "
+        f"title='index [{key}] on {html.escape(label)}' style='position:absolute;"
+        f"box-sizing:border-box;left:{left:.2f}px;top:{top:.2f}px;width:{w:.2f}px;"
+        f"height:{h:.2f}px;background:{_colour(i, len(boxes))};color:#111;"
+        f"border:1px solid #333;overflow:hidden;font:{font}px/1.2 monospace;"
+        f"display:flex;align-items:center;justify-content:center;text-align:center'>"
+        f"{html.escape(label)}</div>")
+
+  if len(shape) > 2:
+    caption = (f"dimensions {dims[0]} (rows) and {dims[1]} (columns) of shape {shape}; "
+               "the others are not drawn")
+  elif len(shape) == 2:
+    caption = f"shape {shape}: dimension 0 down, dimension 1 across"
+  elif len(shape) == 1:
+    caption = f"shape {shape}, drawn as one row"
+  else:
+    caption = "a scalar"
+  caption += (f"; {len(boxes)} shard{'s' if len(boxes) != 1 else ''}"
+              f" on {len(shards)} device{'s' if len(shards) != 1 else ''}"
+              f", mesh {dict(gda.mesh.shape)}, mesh_axes {gda.mesh_axes}")
+  picture = (f"<div class='jse-layout' style='position:relative;width:{width}px;"
+             f"height:{height}px;border:1px solid #333'>" + "".join(parts) + "</div>")
+  return (f"<div class='jse-gda'>{head}{picture}<p style='font-size:smaller'>"
+          f"{html.escape(caption)}</p>{_table(gda)}</div>")

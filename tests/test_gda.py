@@ -141,7 +141,8 @@ def test_str_repr_eq(mesh_2d):
 def test_repr_html_marks_replicas(mesh_2d):
   gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, ["x"], lambda i: _global((8, 2))[i])
   html = gda._repr_html_()
-  assert html.count("(replica)") == 4
+  assert html.count("class='jse-shard'") == 4  # replicas share a box
+  assert "data-devices='0,1'" in html and "data-index='0:2,0:2'" in html
 
 
 def test_delete(mesh_2d):
