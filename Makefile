@@ -11,7 +11,7 @@ PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | hea
   "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p" || echo "$$p"; } && break; done)
 VENV312 ?= .venv312
 
-.PHONY: install demo test test-default test-jax012 lint bench clean
+.PHONY: install demo test test-default test-jax012 lint bench notebooks chromium clean
 
 install: $(STAMP)
 
@@ -28,11 +28,11 @@ demo: install
 # JAX releases (Python 3.11 + JAX 0.10.2, Python 3.12 + JAX 0.12.x).
 test: test-default test-jax012
 
-test-default: install
+test-default: install chromium
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q
 
-test-jax012:
+test-jax012: chromium
 	@if [ -z "$(PYTHON312)" ]; then \
 	  echo "NOTE: Python 3.12 not found, so the suite did NOT run on JAX 0.12.x."; \
 	  echo "      Install python3.12 (or set PYTHON312=/path/to/python3.12) to run it."; \
@@ -48,6 +48,17 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
+
+# Re-execute the example notebooks and save them with their outputs.
+notebooks: install
+	$(BIN)/python -m nbconvert --to notebook --execute --inplace examples/*.ipynb
+
+# The browser test drives the system Chromium (Debian package `chromium`).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else echo "NOTE: chromium not found and cannot apt-get it; the browser test will skip."; fi; }
 
 clean:
 	rm -rf $(VENV) $(VENV312) build *.egg-info

@@ -51,7 +51,8 @@ def _table(gda) -> str:
         f"<tr><td><code>{_index_text(_bounds(s.index, gda.shape)) or '()'}</code></td>"
         f"<td>{html.escape(str(s.device))}</td><td>{s.device.process_index}</td>"
         f"<td>{s.replica_id}</td></tr>")
-  return ("<table class='jse-table' style='border-collapse:collapse;margin-top:6px'>"
+  return ("<style>.jse-table td, .jse-table th {padding: 1px 10px; text-align: left}</style>"
+          "<table class='jse-table' style='border-collapse:collapse;margin-top:6px'>"
           "<thead><tr><th>index</th><th>device</th><th>process</th><th>replica id</th>"
           "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 

@@ -25,6 +25,7 @@ a reshard, the global value (once) for a fetch to the host.
 from __future__ import annotations
 
 import dataclasses
+import html
 import threading
 from typing import Any
 
@@ -54,8 +55,10 @@ class TransferRecord:
     dtype: its dtype.
     src: the source devices, in sharding order; `()` for the host.
     dst: the destination devices, in sharding order; `()` for the host.
-    site: `"file:line"` of the user's call that made the transfer (the first
-      frame outside `jax_sharding_ext`, `jax` and `jaxlib`).
+    site: where the user's call that made the transfer is (the first frame
+      outside `jax_sharding_ext`, `jax` and `jaxlib`): `"path:line"`, the
+      path relative to the working directory when inside it, or in a
+      notebook `"Cell In[n], line k"`.
   """
 
   direction: str
@@ -150,6 +153,31 @@ class TransferLedger:
 
     rule = "-" * len(fmt(tuple("-" * w for w in widths)))
     return "\n".join([fmt(header), rule, *map(fmt, rows[:-1]), rule, fmt(rows[-1])])
+
+  def _repr_html_(self) -> str:
+    """Notebook view: one row per (direction, kind, site), then the totals."""
+    groups: dict[tuple, list[int]] = {}
+    for r in self.records:
+      g = groups.setdefault((r.direction, r.explicit, r.site), [0, 0])
+      g[0] += 1
+      g[1] += r.nbytes
+    order = {d: i for i, d in enumerate(_DIRECTIONS)}
+    rows = "".join(
+        f"<tr><td>{d.replace('_', ' ')}</td><td>{'explicit' if e else 'implicit'}</td>"
+        f"<td style='text-align:right'>{n}</td>"
+        f"<td style='text-align:right'>{html.escape(_format_bytes(b))}</td>"
+        f"<td><code>{html.escape(site)}</code></td></tr>"
+        for (d, e, site), (n, b) in sorted(groups.items(),
+                                           key=lambda kv: (order[kv[0][0]], not kv[0][1])))
+    total = (f"<tr><th colspan='2'>total</th><th style='text-align:right'>"
+             f"{len(self.records)}</th><th style='text-align:right'>"
+             f"{html.escape(_format_bytes(sum(r.nbytes for r in self.records)))}</th><th></th>"
+             "</tr>")
+    return ("<div class='jse-ledger'><table><thead><tr><th>direction</th><th>kind</th>"
+            "<th>count</th><th>bytes</th><th>site</th></tr></thead><tbody>"
+            f"{rows}{total}</tbody></table><p style='font-size:smaller'>Bytes are those "
+            "written into destination buffers: each replica of a replicated placement "
+            "counts, a fetch to the host counts the global value once.</p></div>")
 
   def __repr__(self) -> str:
     totals = ", ".join(f"{d}: {n} ({b} bytes)" for d, (n, b) in self.totals().items())

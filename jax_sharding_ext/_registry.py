@@ -18,7 +18,7 @@ import threading
 
 import jax
 
-from jax_sharding_ext import _compat, _effects, _gda, _output
+from jax_sharding_ext import _compat, _effects, _gda, _notebook, _output
 
 _lock = threading.RLock()
 _edits: list | None = None
@@ -52,6 +52,7 @@ def _build_edits() -> list:
       _compat.DispatchNodeEdit(GDA),
       _compat.DevicePutDefaultEdit(GDA, _gda._gda_device_put_default),
       *_effects.table_edits(),
+      _notebook.IPythonHookEdit(),
   ]
 
 

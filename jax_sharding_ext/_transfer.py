@@ -69,7 +69,7 @@ import jax
 import jaxlib
 import numpy as np
 
-from jax_sharding_ext import _compat, _donation, _ledger
+from jax_sharding_ext import _compat, _donation, _ledger, _notebook
 
 logger = logging.getLogger("jax_sharding_ext")
 """Where "log" guard levels report GDA transfers (level WARNING)."""
@@ -365,7 +365,7 @@ def _user_frame():
 def _site_text(frame) -> str:
   if frame is None:
     return "<unknown>:0"
-  return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+  return _notebook.site_text(frame.f_code.co_filename, frame.f_lineno)
 
 
 def _where(devices) -> str:

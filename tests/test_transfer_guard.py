@@ -38,6 +38,7 @@ import jax_sharding_ext as jse
 from jax_sharding_ext import _compat, _ledger, _transfer
 
 GDA = jse.GlobalDeviceArray
+HERE = os.path.relpath(__file__)  # sites read relative to the working directory
 LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
 DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
 GUARD_OPTIONS = ("jax_transfer_guard", "jax_transfer_guard_host_to_device",
@@ -380,7 +381,7 @@ def test_error_names_the_call_site_and_fix(mesh_2d):
       f(g)
   msg = str(e.value)
   assert msg.startswith("INVALID_ARGUMENT: Disallowed device-to-device transfer:")
-  assert f"{__file__}:{line}" in msg
+  assert f"{HERE}:{line}" in msg
   assert "(8, 2)" in msg and "float32" in msg and "'disallow'" in msg
   assert "jax.device_put(x, sharding)" in msg
 
@@ -587,7 +588,7 @@ def test_ledger_placement_bytes_match_device_buffers(spec, mesh_2d):
   (rec,) = ledger.records
   assert rec.nbytes == _shard_bytes(g.to_jax_array())  # every replica counts
   # `_gda` (this file) is the user's code that called `from_callback`.
-  site = f"{__file__}:{inspect.getsourcelines(_gda)[1] + 1}"
+  site = f"{HERE}:{inspect.getsourcelines(_gda)[1] + 1}"
   assert rec == _ledger.TransferRecord(
       direction="host_to_device", explicit=True, nbytes=rec.nbytes, shape=(8, 2),
       dtype=np.dtype(np.float32), src=(), dst=tuple(mesh_2d.devices.flat), site=site)
@@ -599,7 +600,7 @@ def test_ledger_site_is_the_users_line(mesh_2d):
     line = inspect.currentframe().f_lineno + 1
     jax.device_put(g, NamedSharding(mesh_2d, P("y")))
     np.asarray(g)
-  assert [r.site for r in ledger.records] == [f"{__file__}:{line}", f"{__file__}:{line + 1}"]
+  assert [r.site for r in ledger.records] == [f"{HERE}:{line}", f"{HERE}:{line + 1}"]
 
 
 def test_ledger_reshard_and_fetch_bytes(mesh_2d):

@@ -1,0 +1,88 @@
+"""Jupyter: a cell's effects finish, and print, inside that cell.
+
+A jitted `jax.debug.print` runs on a callback thread when the computation
+gets there, often after the cell has returned, so its lines appear under a
+later cell or not at all. Under IPython, `install()` registers a
+`post_run_cell` hook that waits for every effect dispatched so far
+(`effects_barrier()`) and flushes stdout / stderr before the cell ends. It is
+registered once, removed by `uninstall()`, skipped while the config flag
+`jax_sharding_ext_cell_effects_barrier` is False, and nothing at all outside
+IPython (IPython is never imported here).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from jax_sharding_ext import _compat, _effects
+
+FLAG_NAME = "jax_sharding_ext_cell_effects_barrier"
+
+cell_effects_barrier = _compat.define_bool_flag(
+    FLAG_NAME,
+    default=True,
+    help=("Under IPython / Jupyter, wait at the end of every cell for the effects "
+          "(e.g. jax.debug.print) the cell dispatched, so their output lands in "
+          "that cell. Defined by jax_sharding_ext."),
+)
+
+
+def _ipython_shell():
+  """The running IPython shell, if IPython is already imported and running."""
+  ipython = sys.modules.get("IPython")
+  get = getattr(ipython, "get_ipython", None)
+  return get() if get is not None else None
+
+
+def _end_of_cell(result=None) -> None:
+  """IPython `post_run_cell` hook."""
+  del result
+  if not cell_effects_barrier.value:
+    return
+  try:
+    _effects.effects_barrier()
+  except Exception as e:  # an effect of this cell failed: say so in this cell
+    print(f"jax_sharding_ext: an effect dispatched by this cell failed: "
+          f"{type(e).__name__}: {e}", file=sys.stderr)
+  for stream in (sys.stdout, sys.stderr):
+    stream.flush()
+
+
+class IPythonHookEdit:
+  """Registers `_end_of_cell` with the running IPython shell; undoable."""
+
+  name = "IPython post_run_cell hook"
+
+  def __init__(self):
+    self.shell = None
+
+  def apply(self) -> None:
+    if self.shell is not None:
+      return
+    shell = _ipython_shell()
+    if shell is None:
+      return
+    shell.events.register("post_run_cell", _end_of_cell)
+    self.shell = shell
+
+  def revert(self) -> None:
+    if self.shell is None:
+      return
+    self.shell.events.unregister("post_run_cell", _end_of_cell)
+    self.shell = None
+
+
+def site_text(filename: str, lineno: int) -> str:
+  """Where a user's line is, for people: `Cell In[3], line 5` for a notebook
+  cell (as IPython's own tracebacks say), else `path:line` with the path
+  relative to the working directory when it is inside it."""
+  shell = _ipython_shell()
+  cells = getattr(getattr(shell, "compile", None), "_filename_map", None)
+  if cells and filename in cells:
+    return f"Cell In[{cells[filename]}], line {lineno}"
+  try:
+    rel = os.path.relpath(filename)
+  except ValueError:  # another drive (Windows)
+    rel = filename
+  return f"{filename if rel.startswith('..') else rel}:{lineno}"
