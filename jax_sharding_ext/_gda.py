@@ -577,6 +577,10 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
     from jax_sharding_ext._html import gda_html
     return gda_html(self)
 
+  def __treescope_ndarray_adapter__(self):
+    from jax_sharding_ext._treescope import adapter
+    return adapter()
+
 
 # The metaclass's `__call__` would otherwise hide the GDA-era signature from
 # `help()` and `inspect.signature`.
