@@ -11,6 +11,11 @@ from jax.sharding import PartitionSpec as P
 
 from jax_sharding_ext import GlobalDeviceArray
 
+# treescope 0.1.10 uses numpy's chararray, deprecated in numpy 2.5 (the
+# Python 3.12 venv); its warning is treescope's, not ours.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The chararray class is deprecated:DeprecationWarning")
+
 
 def _same(a: str, b: str) -> bool:
   # treescope gives every rendering fresh element ids.
