@@ -286,6 +286,7 @@ def _check_sharding(sharding: Any) -> None:
       "with `jax.sharding.NamedSharding(mesh, PartitionSpec(...))`.")
 
 
+@_compat.api_boundary
 def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
                      ordered: bool = True) -> None:
   """Call `fn(data, index, device)` once per addressable shard of `x`.
@@ -593,6 +594,7 @@ def _effect_str(self):
   return type(self).__name__
 
 
+@_compat.api_boundary
 def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
                    lowerable: bool = True, control_flow: bool = True,
                    custom_derivatives: bool = True, remat: bool = True) -> type:
@@ -680,6 +682,7 @@ def _is_ordered_type(effect_type: type) -> bool:
   return any(issubclass(effect_type, t) for t in _compat.effect_types_in("ordered_effects"))
 
 
+@_compat.api_boundary
 def mark_shardable(effect_type: type) -> type:
   """Declare the existing ordered effect type `effect_type` shardable.
 

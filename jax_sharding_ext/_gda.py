@@ -167,6 +167,7 @@ class _GdaMeta(type):
   routed to `_wrap` here so `__init__` keeps the GDA-era signature.
   """
 
+  @_compat.api_boundary
   def __call__(cls, *args, _arr=None, _dispatch_key=None, **kwargs):
     if _arr is not None:
       return cls._wrap(_arr)
@@ -238,6 +239,7 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
   # -- conversions ----------------------------------------------------------
 
   @classmethod
+  @_compat.api_boundary
   def from_jax_array(cls, arr: jax.Array) -> GlobalDeviceArray:
     """Wrap a `jax.Array` with a `NamedSharding`; no copy, no transfer.
 
@@ -301,6 +303,7 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
   # -- constructors from host data ------------------------------------------
 
   @classmethod
+  @_compat.api_boundary
   def from_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
                     data_callback: Callable[[Index], Any]) -> GlobalDeviceArray:
     """Build a GDA from `data_callback(index)`, called once per local device.
@@ -324,6 +327,7 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
     return cls._from_host_values(lay, global_mesh, mesh_axes, devices, indices, values)
 
   @classmethod
+  @_compat.api_boundary
   def from_batched_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
                             data_callback: Callable[[Sequence[Index]], Sequence[Any]]
                             ) -> GlobalDeviceArray:
@@ -346,6 +350,7 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
     return cls._from_host_values(lay, global_mesh, mesh_axes, devices, indices, values)
 
   @classmethod
+  @_compat.api_boundary
   def from_batched_callback_with_devices(
       cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
       data_callback: Callable[[Sequence[tuple[Index, tuple[Any, ...]]]], Sequence[jax.Array]],

@@ -426,6 +426,7 @@ class _Pjit:
     return None
 
 
+@_compat.api_boundary
 def pjit(fun: Callable,
          in_axis_resources: Any = _UNSPECIFIED,
          out_axis_resources: Any = _UNSPECIFIED,
@@ -504,6 +505,7 @@ def pjit(fun: Callable,
                 static_names, donate_names, jit_kwargs)
 
   @functools.wraps(fun)
+  @_compat.api_boundary
   def wrapped(*args, **kwargs):
     return state.run(None, args, kwargs)
 

@@ -53,6 +53,7 @@ def _build_edits() -> list:
       _compat.DevicePutDefaultEdit(GDA, _gda._gda_device_put_default),
       *_effects.table_edits(),
       _notebook.IPythonHookEdit(),
+      _compat.TracebackExclusionEdit(),
   ]
 
 

@@ -15,8 +15,9 @@ from typing import Any
 
 
 def _view(x: Any) -> Any:
-  from jax_sharding_ext._gda import GlobalDeviceArray
-  return x.to_jax_array() if isinstance(x, GlobalDeviceArray) else x
+  """A GDA (anything with `to_jax_array`, so this module needs no import of
+  `_gda`, which imports it) as its `jax.Array`; anything else as is."""
+  return x.to_jax_array() if hasattr(type(x), "to_jax_array") else x
 
 
 @functools.cache

@@ -199,3 +199,29 @@ def test_quickstart_layout_in_a_real_browser(executed, tmp_path):
       browser.close()
   assert errors == []
   assert (ARTIFACTS / "gda_layout.png").stat().st_size > 1000
+
+
+def test_a_bad_call_in_a_notebook_shows_the_cell_line_not_package_frames(tmp_path):
+  setup = nbformat.read(NOTEBOOKS[0], as_version=4).cells[1].source
+  nb = nbformat.v4.new_notebook(cells=[
+      nbformat.v4.new_code_cell(setup),
+      nbformat.v4.new_code_cell(
+          'mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))\n'
+          'GlobalDeviceArray.from_callback((8.0, 2), mesh, P("x"), lambda i: None)')])
+  path = tmp_path / "bad.ipynb"
+  nbformat.write(nb, path)
+  saved = dict(os.environ)
+  os.environ.pop("XLA_FLAGS", None)
+  try:
+    ran = NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                         resources={"metadata": {"path": str(tmp_path)}}).execute()
+  finally:
+    os.environ.clear()
+    os.environ.update(saved)
+  error = next(o for o in ran.cells[1].outputs if o.output_type == "error")
+  text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))
+  assert error.ename == "TypeError" and "global_shape" in error.evalue
+  assert "Cell In[2], line 2" in text, text
+  # IPython hides the package's frames (JAX marks them `__tracebackhide__`)
+  # but always shows the frame that raised: at most that one is the package's.
+  assert "skipping hidden" in text and text.count("jax_sharding_ext/") <= 1, text
