@@ -22,7 +22,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
-from jax_sharding_ext import _compat, _ledger, _transfer
+from jax_sharding_ext import _ledger, _transfer
+from jax_sharding_ext._jax import tables as jax_tables
+from jax_sharding_ext._jax import transfer as jax_transfer
 
 
 def _fresh_arrays(mesh, shape, count):
@@ -107,10 +109,10 @@ def run(n: int = 2000, warmup: int = 100) -> list[dict]:
   mesh = Mesh(np.array(devs).reshape(4, 2), ("x", "y"))
   arr = _fresh_arrays(mesh, (8, 2), 1)[0]
   gda = jse.GlobalDeviceArray.from_jax_array(arr)
-  s, reuse = arr.sharding, _compat.REUSE_INPUT
+  s, reuse = arr.sharding, jax_transfer.REUSE_INPUT
   arrs, gdas, ss, nones, cs = [arr], [gda], [s], [None], [reuse]
   res = _common.interleaved({
-      "jax.Array shard_arg": lambda: _compat.array_shard_arg(arrs, ss, nones, cs),
+      "jax.Array shard_arg": lambda: jax_tables.array_shard_arg(arrs, ss, nones, cs),
       "GDA shard_args": lambda: _transfer.shard_args(gdas, ss, nones, cs),
       "GDA transfer test alone": lambda: _transfer._moving_args(arrs, ss, nones, cs),
   }, n=n, warmup=warmup)

@@ -19,7 +19,7 @@ crashes (jaxlib 0.10.2). Two pieces make sure such a call never runs:
 * `check_donated_args` runs in the GDA `shard_arg_handlers` entry (the Python
   dispatch path: a first call, a retrace, AOT `Compiled` calls), after
   compilation but before anything is executed or donated. It reads which
-  arguments of the running call are donated (`_compat.current_call_donation`;
+  arguments of the running call are donated (`jax_donation.current_call_donation`;
   the handler's own `copy_semantics` are `REUSE_INPUT` for every jit argument,
   donated or not) and raises `RuntimeError` naming both arguments. It checks
   every array argument of a call that involves a GDA.
@@ -42,7 +42,8 @@ from typing import Any
 
 import jax
 
-from jax_sharding_ext import _compat
+from jax_sharding_ext._jax import donation as jax_donation
+from jax_sharding_ext._jax import tables as jax_tables
 
 
 def _argnums(value: Any, name: str) -> tuple[int, ...]:
@@ -147,13 +148,13 @@ def rebase_donate_argnums(donate_argnums: int | Iterable[int],
 # ---------------------------------------------------------------------------
 
 
-def _arg_label(info: _compat.CallDonation, i: int) -> str:
+def _arg_label(info: jax_donation.CallDonation, i: int) -> str:
   name = info.names[i] if info.names is not None else ""
   return f"`{name}` (flat argument {i})" if name else f"flat argument {i}"
 
 
 def _describe(x: Any) -> str:
-  if isinstance(x, _compat.ArrayImpl):
+  if isinstance(x, jax_tables.ArrayImpl):
     return f"jax.Array(shape={tuple(x.shape)}, dtype={x.dtype})"
   return str(x)
 
@@ -164,13 +165,16 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
   Called by `_transfer.shard_args` with the batch of GDA arguments, before any
   of them is handed to the executable.
   """
-  del gdas  # the whole call is checked, not only this batch
-  info = _compat.current_call_donation()
+  if not gdas:
+    return
+  # The whole call is checked, not only this batch; the batch gives the GDA
+  # type (so this module needs no import of `_gda`, which imports it).
+  GlobalDeviceArray = type(gdas[0])
+  info = jax_donation.current_call_donation()
   if info is None or not any(info.donated):
     return
-  from jax_sharding_ext._gda import GlobalDeviceArray
 
-  array_t = _compat.ArrayImpl
+  array_t = jax_tables.ArrayImpl
   positions: dict[int, list[int]] = {}
   for i, x in enumerate(info.args):
     t = type(x)
@@ -208,7 +212,7 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
 #
 # A warm `jax.jit` call never reaches `shard_arg_handlers`: the C++ dispatch
 # path unpacks a GDA to its `jax.Array` through `tree_util.dispatch_registry`
-# (`_compat.DispatchNodeEdit`, registered as a dataclass node with data field
+# (`jax_dispatch.DispatchNodeEdit`, registered as a dataclass node with data field
 # `_arr` and static field `_dispatch_key`) and executes directly. There, stock
 # jaxlib 0.10.2 crashes the process (SIGSEGV, 8 CPU devices) for an array that
 # was already donated and for a call that donates an array it also passes

@@ -69,7 +69,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from jax_sharding_ext import _compat
+from jax_sharding_ext._jax import effects as jax_effects
+from jax_sharding_ext._jax import frames as jax_frames
+from jax_sharding_ext._jax import tables as jax_tables
+from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 _lock = threading.RLock()
 
@@ -83,11 +86,11 @@ def _debug_callback_effect(params: dict) -> Any:
 
 
 def _debug_print_effect(params: dict) -> Any:
-  return _compat.ordered_debug_effect if params["ordered"] else _compat.debug_effect
+  return jax_effects.ordered_debug_effect if params["ordered"] else jax_effects.debug_effect
 
 
 def _partitioned_error(ctx) -> str:
-  n = len(_compat.lowering_device_assignment(ctx) or ()) or "several"
+  n = len(jax_effects.lowering_device_assignment(ctx) or ()) or "several"
   return (
       "`jax.debug.callback(..., ordered=True, partitioned=True)` can't run under "
       f"`jax.jit` over {n} devices: XLA can't thread an ordering token through a "
@@ -98,7 +101,7 @@ def _partitioned_error(ctx) -> str:
 
 def _nested_manual_error(ctx, kind: str) -> str:
   if kind == "partial":
-    auto = ", ".join(repr(a) for a in _compat.auto_axes_in_shard_map(ctx))
+    auto = ", ".join(repr(a) for a in jax_effects.auto_axes_in_shard_map(ctx))
     where = f"a `shard_map` that leaves mesh axes {auto} automatic"
     fix = "make every mesh axis manual (drop `axis_names=`)"
   else:
@@ -128,12 +131,12 @@ def _make_lowering(prim: Any, effect_of: Callable[[dict], Any]):
       if isinstance(params.get("callback"), _ShardedCallback):
         return _lower_sharded_callback(ctx, *args, **params)
       effect = effect_of(params)
-      kind = _compat.axis_context_kind(ctx)
-      if not _compat.is_ordered_effect(effect) or kind in ("single", "other"):
+      kind = jax_effects.axis_context_kind(ctx)
+      if not jax_effects.is_ordered_effect(effect) or kind in ("single", "other"):
         return prev_rule(ctx, *args, **params)
       if kind in ("partial", "nested"):
         raise ValueError(_nested_manual_error(ctx, kind))
-      if _compat.traced_inside_pmap(ctx):
+      if jax_frames.traced_inside_pmap(ctx):
         raise ValueError(_pmap_error(effect))
       partitioned = bool(params.get("partitioned", False))
       if partitioned and kind == "auto":
@@ -145,8 +148,8 @@ def _make_lowering(prim: Any, effect_of: Callable[[dict], Any]):
 
       # Inside a manual shard_map the operands are already local, so
       # `partitioned` makes no difference to what the callback sees.
-      return _compat.emit_ordered_callback(
-          ctx, _callback, args, effect, sharding=_compat.callback_op_sharding(ctx))
+      return jax_effects.emit_ordered_callback(
+          ctx, _callback, args, effect, sharding=jax_effects.callback_op_sharding(ctx))
 
     rule.__name__ = rule.__qualname__ = f"jax_sharding_ext_{prim.name}_lowering"
     return rule
@@ -204,7 +207,7 @@ def _resolve_mesh_and_spec(ctx, x, callback: _ShardedCallback, device_assignment
   if sharding is None:
     if len(device_assignment) == 1:
       return _mesh_of(list(device_assignment), ("_jse_d",)), PartitionSpec()
-    found = _compat.operand_sharding(ctx, x)
+    found = jax_effects.operand_sharding(ctx, x)
     if found is None:
       raise ValueError(
           f"`sharded_callback` can't tell the shards of its argument (shape "
@@ -245,14 +248,14 @@ def _with_context_axis_types(mesh: Mesh) -> Mesh:
 
 def _lower_sharded_callback(ctx, x, *, callback, effect, partitioned):
   del partitioned
-  kind = _compat.axis_context_kind(ctx)
+  kind = jax_effects.axis_context_kind(ctx)
   if kind in ("manual", "partial", "nested"):
     raise ValueError(
         "`sharded_callback` was called inside `shard_map`, where values are "
         "already per device. Use `jax.debug.callback(fn, x, ordered=True)` there "
         "(it runs once per device with the local value), or call "
         "`sharded_callback` outside the `shard_map`.")
-  device_assignment = _compat.lowering_device_assignment(ctx)
+  device_assignment = jax_effects.lowering_device_assignment(ctx)
   if kind == "other" or device_assignment is None:
     raise ValueError(
         "`sharded_callback` can only be staged by `jax.jit` (not `pmap`, and not "
@@ -263,7 +266,7 @@ def _lower_sharded_callback(ctx, x, *, callback, effect, partitioned):
 
   def body(x_local):
     position = [lax.axis_index(name) for name in mesh.axis_names]
-    _compat.debug_callback_p.bind(x_local, *position, callback=local, effect=effect,
+    jax_effects.debug_callback_p.bind(x_local, *position, callback=local, effect=effect,
                                   partitioned=False)
     return []
 
@@ -272,7 +275,7 @@ def _lower_sharded_callback(ctx, x, *, callback, effect, partitioned):
                   out_specs=[], check_vma=False)(x_global)
     return []
 
-  return _compat.lower_fun_multiple_results(staged)(ctx, x)
+  return jax_effects.lower_fun_multiple_results(staged)(ctx, x)
 
 
 def _check_sharding(sharding: Any) -> None:
@@ -286,7 +289,7 @@ def _check_sharding(sharding: Any) -> None:
       "with `jax.sharding.NamedSharding(mesh, PartitionSpec(...))`.")
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
                      ordered: bool = True) -> None:
   """Call `fn(data, index, device)` once per addressable shard of `x`.
@@ -346,7 +349,7 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
     x = x.to_jax_array()  # GlobalDeviceArray: the same buffers, no copy
   elif isinstance(x, (list, tuple, np.ndarray, np.generic, int, float, complex)):
     x = np.asarray(x)  # host data: placed with `sharding=` below
-    if not _compat.is_plain_dtype(x.dtype) or x.dtype == np.dtype(object):
+    if not jax_tables.is_plain_dtype(x.dtype) or x.dtype == np.dtype(object):
       raise TypeError(
           f"`sharded_callback(fn, x)` needs numeric array data for `x`, got dtype "
           f"{x.dtype}.")
@@ -369,8 +372,8 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
           f"`sharded_callback(..., sharding={sharding})` does not fit a value of "
           f"shape {tuple(x.shape)}: {e}") from None
   if isinstance(x, jax.core.Tracer):
-    effect = _compat.ordered_debug_effect if ordered else _compat.debug_effect
-    _compat.debug_callback_p.bind(x, callback=_ShardedCallback(fn, sharding),
+    effect = jax_effects.ordered_debug_effect if ordered else jax_effects.debug_effect
+    jax_effects.debug_callback_p.bind(x, callback=_ShardedCallback(fn, sharding),
                                   effect=effect, partitioned=False)
     return None
   if isinstance(x, jax.Array):
@@ -397,11 +400,11 @@ _thread_token_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Thread -> that thread's `RuntimeTokenSet` attribute dict (the live one)."""
 
 
-class _TrackedRuntimeTokens(_compat.RuntimeTokenSet):
+class _TrackedRuntimeTokens(jax_effects.RuntimeTokenSet):
   """JAX's per-thread runtime tokens, also reachable from other threads.
 
   It also recovers from a failed computation, where the stock token set stays
-  broken (see `_compat.RuntimeTokenSet`): a barrier reports the failure once
+  broken (see `jax_effects.RuntimeTokenSet`): a barrier reports the failure once
   and starts over, and an ordered effect whose last token is known to have
   failed starts a new token chain instead of inheriting the error.
   """
@@ -419,7 +422,7 @@ class _TrackedRuntimeTokens(_compat.RuntimeTokenSet):
 
   def get_token_input(self, eff, *args, **kwargs):
     token = self.current_tokens.get(eff)
-    if token is not None and _compat.failed_token_error(token) is not None:
+    if token is not None and jax_effects.failed_token_error(token) is not None:
       # The computation that produced it has finished, and failed: its
       # effects are over, so program order holds with a fresh token. (A
       # token still running is passed on: if it fails, so does this call.)
@@ -465,25 +468,25 @@ class _RuntimeTokensEdit:
   def apply(self) -> None:
     if self.applied:
       return
-    old = _compat.get_runtime_tokens()
+    old = jax_effects.get_runtime_tokens()
     new = _TrackedRuntimeTokens()
     new.current_tokens = old.current_tokens
     new.output_runtime_tokens = old.output_runtime_tokens
     self._old, self._new = old, new
-    _compat.set_runtime_tokens(new)
+    jax_effects.set_runtime_tokens(new)
     self.applied = True
 
   def revert(self) -> None:
     if not self.applied:
       return
-    if _compat.get_runtime_tokens() is not self._new:
+    if jax_effects.get_runtime_tokens() is not self._new:
       raise RuntimeError(
           "Cannot uninstall jax_sharding_ext: `dispatch.runtime_tokens` was "
           "replaced by someone else after jax_sharding_ext installed it. "
           "Uninstall the other extension first.")
     self._old.current_tokens = self._new.current_tokens
     self._old.output_runtime_tokens = self._new.output_runtime_tokens
-    _compat.set_runtime_tokens(self._old)
+    jax_effects.set_runtime_tokens(self._old)
     self._old = self._new = None
     self.applied = False
 
@@ -511,7 +514,7 @@ def effects_barrier() -> None:
   several devices, stock JAX raises it at every barrier and fails every later
   computation with the same ordered effect).
   """
-  if _compat.in_host_callback():
+  if jax_frames.in_host_callback():
     # Called from inside a host callback: the computation running it cannot
     # finish first, so wait only for what stock's barrier waits for there
     # (this thread's own effects: none).
@@ -546,10 +549,10 @@ class _UserEffectEdits:
   name = "declared effects"
 
   def __init__(self):
-    self.edits: list[_compat.EffectTypeSetEdit] = []
+    self.edits: list[jax_effects.EffectTypeSetEdit] = []
     self.applied = False
 
-  def add(self, edit: _compat.EffectTypeSetEdit) -> None:
+  def add(self, edit: jax_effects.EffectTypeSetEdit) -> None:
     with _lock:
       self.edits.append(edit)
       if self.applied:
@@ -594,7 +597,7 @@ def _effect_str(self):
   return type(self).__name__
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
                    lowerable: bool = True, control_flow: bool = True,
                    custom_derivatives: bool = True, remat: bool = True) -> type:
@@ -658,7 +661,7 @@ def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
       raise ValueError(
           f"Effect {name!r} was already declared with different options: {diff}. "
           "Declare it with the same options, or use a new name.")
-    typ = type(name, (_compat.Effect,), {
+    typ = type(name, (jax_effects.Effect,), {
         "__module__": "jax_sharding_ext",
         "__qualname__": name,
         "__doc__": f"Effect declared by `jax_sharding_ext.declare_effect({name!r}, ...)`.",
@@ -669,8 +672,8 @@ def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
     })
     for option, set_name in _OPTION_SETS:
       if options[option]:
-        _user_edits.add(_compat.EffectTypeSetEdit(set_name, typ))
-    _user_edits.add(_compat.EffectTypeSetEdit("partial_eval_kept_effects", typ))
+        _user_edits.add(jax_effects.EffectTypeSetEdit(set_name, typ))
+    _user_edits.add(jax_effects.EffectTypeSetEdit("partial_eval_kept_effects", typ))
     _declared[name] = (typ, options)
   return typ
 
@@ -679,10 +682,10 @@ def _is_ordered_type(effect_type: type) -> bool:
   for typ, options in _declared.values():
     if typ is effect_type:
       return options["ordered"]
-  return any(issubclass(effect_type, t) for t in _compat.effect_types_in("ordered_effects"))
+  return any(issubclass(effect_type, t) for t in jax_effects.effect_types_in("ordered_effects"))
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def mark_shardable(effect_type: type) -> type:
   """Declare the existing ordered effect type `effect_type` shardable.
 
@@ -703,7 +706,7 @@ def mark_shardable(effect_type: type) -> type:
     TypeError: `effect_type` is not an effect class.
     ValueError: `effect_type` is not ordered.
   """
-  if not (isinstance(effect_type, type) and issubclass(effect_type, _compat.Effect)):
+  if not (isinstance(effect_type, type) and issubclass(effect_type, jax_effects.Effect)):
     raise TypeError(
         f"`mark_shardable(effect_type)` needs an effect class (a subclass of "
         f"`jax.extend.core.Effect`), got {effect_type!r}. Pass the class, not an "
@@ -717,7 +720,7 @@ def mark_shardable(effect_type: type) -> type:
   with _lock:
     if effect_type not in _shardable_marked:
       _shardable_marked.add(effect_type)
-      _user_edits.add(_compat.EffectTypeSetEdit("shardable_ordered_effects", effect_type))
+      _user_edits.add(jax_effects.EffectTypeSetEdit("shardable_ordered_effects", effect_type))
   return effect_type
 
 
@@ -761,21 +764,21 @@ def table_edits() -> list:
   """Every edit this module makes to JAX, in the order `install()` applies them."""
   edits: list = [
       _Activation(),
-      _compat.EffectTypeSetEdit("shardable_ordered_effects", _compat.OrderedDebugEffect),
+      jax_effects.EffectTypeSetEdit("shardable_ordered_effects", jax_effects.OrderedDebugEffect),
       # `sharded_callback` needs the devices while lowering (as io_callback_p).
-      _compat.SetMemberEdit("prim_requires_devices_during_lowering",
-                            _compat.prim_requires_devices_during_lowering,
-                            _compat.debug_callback_p),
+      jax_effects.SetMemberEdit("prim_requires_devices_during_lowering",
+                            jax_effects.prim_requires_devices_during_lowering,
+                            jax_effects.debug_callback_p),
       # Lower inline, so the operand's producer is visible (already so in
       # jax 0.10.2 / 0.12.x because of the TPU registration; kept explicit).
-      _compat.SetMemberEdit("uncacheable_primitives", _compat.uncacheable_primitives,
-                            _compat.debug_callback_p),
+      jax_effects.SetMemberEdit("uncacheable_primitives", jax_effects.uncacheable_primitives,
+                            jax_effects.debug_callback_p),
   ]
-  for prim, effect_of in ((_compat.debug_callback_p, _debug_callback_effect),
-                          (_compat.debug_print_p, _debug_print_effect)):
+  for prim, effect_of in ((jax_effects.debug_callback_p, _debug_callback_effect),
+                          (jax_effects.debug_print_p, _debug_print_effect)):
     make_rule = _make_lowering(prim, effect_of)
-    for platform in _compat.lowering_platforms(prim):
-      edits.append(_compat.LoweringEdit(prim, platform, make_rule))
+    for platform in jax_effects.lowering_platforms(prim):
+      edits.append(jax_effects.LoweringEdit(prim, platform, make_rule))
   edits.append(_RuntimeTokensEdit())
   edits.append(_user_edits)
   return edits

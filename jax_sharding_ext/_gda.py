@@ -37,7 +37,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from jax_sharding_ext import _compat, _donation, _transfer
+from jax_sharding_ext import _donation, _transfer
+from jax_sharding_ext._jax import tables as jax_tables
+from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, layout
 from jax_sharding_ext._surface import _ArraySurface
 
@@ -133,7 +135,7 @@ def _check_buffers(lay, mesh, mesh_axes, buffers) -> Any:
         f"{shapes}.")
   dtypes_ = [b.dtype for b in buffers]
   for i, dt in enumerate(dtypes_):
-    if not _compat.is_plain_dtype(dt):
+    if not jax_tables.is_plain_dtype(dt):
       raise TypeError(_extended_dtype_error(dt, f"`device_buffers[{i}]`"))
   if any(dt != dtypes_[0] for dt in dtypes_):
     raise ValueError(
@@ -162,12 +164,12 @@ def _device_of(b) -> Any:
 class _GdaMeta(type):
   """Lets jit's C++ dispatch rebuild GDA outputs without a public constructor change.
 
-  The dispatch registry (`_compat.DispatchNodeEdit`) rebuilds a dataclass node
+  The dispatch registry (`jax_dispatch.DispatchNodeEdit`) rebuilds a dataclass node
   as `GlobalDeviceArray(_arr=..., _dispatch_key=...)`; those keywords are
   routed to `_wrap` here so `__init__` keeps the GDA-era signature.
   """
 
-  @_compat.api_boundary
+  @jax_tracebacks.api_boundary
   def __call__(cls, *args, _arr=None, _dispatch_key=None, **kwargs):
     if _arr is not None:
       return cls._wrap(_arr)
@@ -239,7 +241,7 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
   # -- conversions ----------------------------------------------------------
 
   @classmethod
-  @_compat.api_boundary
+  @jax_tracebacks.api_boundary
   def from_jax_array(cls, arr: jax.Array) -> GlobalDeviceArray:
     """Wrap a `jax.Array` with a `NamedSharding`; no copy, no transfer.
 
@@ -261,7 +263,7 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
       raise RuntimeError(
           "`GlobalDeviceArray.from_jax_array` got a `jax.Array` that has been "
           "deleted or donated.")
-    if not _compat.is_plain_dtype(arr.dtype):
+    if not jax_tables.is_plain_dtype(arr.dtype):
       raise TypeError(_extended_dtype_error(arr.dtype, "The `jax.Array`"))
     return cls._wrap(arr)
 
@@ -303,7 +305,7 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
   # -- constructors from host data ------------------------------------------
 
   @classmethod
-  @_compat.api_boundary
+  @jax_tracebacks.api_boundary
   def from_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
                     data_callback: Callable[[Index], Any]) -> GlobalDeviceArray:
     """Build a GDA from `data_callback(index)`, called once per local device.
@@ -327,7 +329,7 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
     return cls._from_host_values(lay, global_mesh, mesh_axes, devices, indices, values)
 
   @classmethod
-  @_compat.api_boundary
+  @jax_tracebacks.api_boundary
   def from_batched_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
                             data_callback: Callable[[Sequence[Index]], Sequence[Any]]
                             ) -> GlobalDeviceArray:
@@ -350,7 +352,7 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
     return cls._from_host_values(lay, global_mesh, mesh_axes, devices, indices, values)
 
   @classmethod
-  @_compat.api_boundary
+  @jax_tracebacks.api_boundary
   def from_batched_callback_with_devices(
       cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
       data_callback: Callable[[Sequence[tuple[Index, tuple[Any, ...]]]], Sequence[jax.Array]],
@@ -393,11 +395,11 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
             "concrete data outside `jax.jit`.")
       if not isinstance(v, (np.ndarray, jax.Array)):
         v = np.asarray(v)
-      if v.dtype == np.dtype(object) or not _compat.is_plain_dtype(v.dtype):
+      if v.dtype == np.dtype(object) or not jax_tables.is_plain_dtype(v.dtype):
         raise TypeError(
             f"`data_callback` returned dtype {v.dtype} for index {idx}; return "
             "numeric array data.")
-      v = _compat.canonicalize_value(v)
+      v = jax_tables.canonicalize_value(v)
       if tuple(v.shape) != shard_shape:
         raise ValueError(
             f"`data_callback` returned shape {tuple(v.shape)} for index {idx} "
@@ -622,7 +624,7 @@ def _placement(global_shape, mesh, mesh_axes):
 
 
 def _gda_aval(x: GlobalDeviceArray):
-  return _compat.array_aval(x._checked_array("use it in a JAX operation"))
+  return jax_tables.array_aval(x._checked_array("use it in a JAX operation"))
 
 
 def _gda_shard_arg(xs, shardings, layouts, copy_semantics):

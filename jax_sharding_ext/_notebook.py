@@ -12,27 +12,20 @@ IPython (IPython is never imported here).
 
 from __future__ import annotations
 
-import os
 import sys
 
-from jax_sharding_ext import _compat, _effects
+from jax_sharding_ext import _effects, _ipython
+from jax_sharding_ext._jax import config as jax_config
 
 FLAG_NAME = "jax_sharding_ext_cell_effects_barrier"
 
-cell_effects_barrier = _compat.define_bool_flag(
+cell_effects_barrier = jax_config.define_bool_flag(
     FLAG_NAME,
     default=True,
     help=("Under IPython / Jupyter, wait at the end of every cell for the effects "
           "(e.g. jax.debug.print) the cell dispatched, so their output lands in "
           "that cell. Defined by jax_sharding_ext."),
 )
-
-
-def _ipython_shell():
-  """The running IPython shell, if IPython is already imported and running."""
-  ipython = sys.modules.get("IPython")
-  get = getattr(ipython, "get_ipython", None)
-  return get() if get is not None else None
 
 
 def _end_of_cell(result=None) -> None:
@@ -60,7 +53,7 @@ class IPythonHookEdit:
   def apply(self) -> None:
     if self.shell is not None:
       return
-    shell = _ipython_shell()
+    shell = _ipython.shell()
     if shell is None:
       return
     shell.events.register("post_run_cell", _end_of_cell)
@@ -71,18 +64,3 @@ class IPythonHookEdit:
       return
     self.shell.events.unregister("post_run_cell", _end_of_cell)
     self.shell = None
-
-
-def site_text(filename: str, lineno: int) -> str:
-  """Where a user's line is, for people: `Cell In[3], line 5` for a notebook
-  cell (as IPython's own tracebacks say), else `path:line` with the path
-  relative to the working directory when it is inside it."""
-  shell = _ipython_shell()
-  cells = getattr(getattr(shell, "compile", None), "_filename_map", None)
-  if cells and filename in cells:
-    return f"Cell In[{cells[filename]}], line {lineno}"
-  try:
-    rel = os.path.relpath(filename)
-  except ValueError:  # another drive (Windows)
-    rel = filename
-  return f"{filename if rel.startswith('..') else rel}:{lineno}"

@@ -4,7 +4,7 @@ With the flag on, every output of the user's `jax.jit` / `pjit` calls whose
 sharding is a `NamedSharding` comes back as a `GlobalDeviceArray` (0-d
 included). As with the old flag, eager operations stay `jax.Array`: `x + 1`,
 `jnp.sum(x)` (JAX runs them as jits of its own functions, told apart when the
-executable is compiled, see `_compat.jitted_function_being_compiled`), and so
+executable is compiled, see `jax_frames.jitted_function_being_compiled`), and so
 do outputs on a single device without a mesh and the result of
 `jax.device_put`.
 
@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from jax.sharding import NamedSharding
 
-from jax_sharding_ext import _compat
 from jax_sharding_ext._gda import GlobalDeviceArray
+from jax_sharding_ext._jax import config as jax_config
+from jax_sharding_ext._jax import frames as jax_frames
+from jax_sharding_ext._jax import tables as jax_tables
 
 FLAG_NAME = "jax_parallel_functions_output_gda"
 
-parallel_functions_output_gda = _compat.define_bool_flag(
+parallel_functions_output_gda = jax_config.define_bool_flag(
     FLAG_NAME,
     default=False,
     help=(
@@ -64,8 +66,8 @@ def result_handler(aval, sharding, committed):
   if (parallel_functions_output_gda.value
       and isinstance(sharding, NamedSharding)
       and not sharding.mesh.empty
-      and _compat.is_plain_dtype(aval.dtype)
-      and not _compat.in_explicit_device_put()
-      and not _is_jax_internal(_compat.jitted_function_being_compiled())):
+      and jax_tables.is_plain_dtype(aval.dtype)
+      and not jax_config.in_explicit_device_put()
+      and not _is_jax_internal(jax_frames.jitted_function_being_compiled())):
     return handler.wrap(_wrap_output)
   return handler

@@ -35,9 +35,10 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from jax_sharding_ext import _compat
 from jax_sharding_ext._donation import rebase_donate_argnums
 from jax_sharding_ext._gda import FROM_GDA, GlobalDeviceArray, _FromGda, _Sentinel
+from jax_sharding_ext._jax import donation as jax_donation
+from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 
 class _Unspecified(_Sentinel):
@@ -376,7 +377,7 @@ class _Pjit:
     """The `jax.jit` to call for these arguments, and the kwargs to pass it."""
     self._check_call(args)
     static_kw, kwargs = self._split_kwargs(kwargs)
-    mesh = _compat.context_mesh() if self.needs_mesh else None
+    mesh = jax_donation.context_mesh() if self.needs_mesh else None
     in_res = self._resolve_in(mesh, args) if self.has_from_gda else None
     return self._jit_for(mesh, static_kw, in_res), kwargs
 
@@ -395,7 +396,7 @@ class _Pjit:
     """The old pjit's message if a GDA argument disagrees with the specs."""
     if not self.in_given or self.in_empty:
       return None
-    mesh = _compat.context_mesh() if self.needs_mesh else None
+    mesh = jax_donation.context_mesh() if self.needs_mesh else None
     _, dyn_args = self._dynamic_args(args)
     try:
       subtrees = self._spec_subtrees(dyn_args)
@@ -426,7 +427,7 @@ class _Pjit:
     return None
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def pjit(fun: Callable,
          in_axis_resources: Any = _UNSPECIFIED,
          out_axis_resources: Any = _UNSPECIFIED,
@@ -505,7 +506,7 @@ def pjit(fun: Callable,
                 static_names, donate_names, jit_kwargs)
 
   @functools.wraps(fun)
-  @_compat.api_boundary
+  @jax_tracebacks.api_boundary
   def wrapped(*args, **kwargs):
     return state.run(None, args, kwargs)
 

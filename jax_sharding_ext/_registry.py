@@ -18,14 +18,17 @@ import threading
 
 import jax
 
-from jax_sharding_ext import _compat, _effects, _gda, _notebook, _output
+from jax_sharding_ext import _effects, _gda, _notebook, _output
+from jax_sharding_ext._jax import dispatch as jax_dispatch
+from jax_sharding_ext._jax import tables as jax_tables
+from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 _lock = threading.RLock()
 _edits: list | None = None
 _installed = False
 
 
-class _ResultHandlerEdit(_compat.TableEdit):
+class _ResultHandlerEdit(jax_tables.TableEdit):
   """Wraps whatever `ShapedArray` result handler was there before."""
 
   def apply(self) -> None:
@@ -40,20 +43,20 @@ class _ResultHandlerEdit(_compat.TableEdit):
 def _build_edits() -> list:
   GDA = _gda.GlobalDeviceArray
   return [
-      _compat.TableEdit("pytype_aval_mappings", _compat.pytype_aval_mappings, GDA,
+      jax_tables.TableEdit("pytype_aval_mappings", jax_tables.pytype_aval_mappings, GDA,
                         _gda._gda_aval),
-      _compat.TableEdit("shard_arg_handlers", _compat.shard_arg_handlers, GDA,
+      jax_tables.TableEdit("shard_arg_handlers", jax_tables.shard_arg_handlers, GDA,
                         _gda._gda_shard_arg),
-      _compat.CanonicalizeEdit(GDA),
-      _compat.TableEdit("mlir constant handlers", _compat.constant_handlers, GDA,
+      jax_tables.CanonicalizeEdit(GDA),
+      jax_tables.TableEdit("mlir constant handlers", jax_tables.constant_handlers, GDA,
                         _gda._gda_constant_handler),
-      _ResultHandlerEdit("global_result_handlers", _compat.global_result_handlers,
-                         _compat.ShapedArray, _output.result_handler),
-      _compat.DispatchNodeEdit(GDA),
-      _compat.DevicePutDefaultEdit(GDA, _gda._gda_device_put_default),
+      _ResultHandlerEdit("global_result_handlers", jax_tables.global_result_handlers,
+                         jax_tables.ShapedArray, _output.result_handler),
+      jax_dispatch.DispatchNodeEdit(GDA),
+      jax_tables.DevicePutDefaultEdit(GDA, _gda._gda_device_put_default),
       *_effects.table_edits(),
       _notebook.IPythonHookEdit(),
-      _compat.TracebackExclusionEdit(),
+      jax_tracebacks.TracebackExclusionEdit(),
   ]
 
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from jax_sharding_ext import _compat
+from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 Shape = tuple[int, ...]
 Index = tuple[slice, ...]
@@ -210,7 +210,7 @@ def _layout(shape: Shape, mesh: Mesh, axes_key: tuple[Any, ...]) -> Layout:
   return Layout(shape, tuple(indices), tuple(replica_ids), shard_shape, to_partition_spec(axes))
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def get_shard_indices(global_shape: Shape, global_mesh: Mesh,
                       mesh_axes: MeshAxes) -> Mapping[Any, Index]:
   """Return `{device: index}` for every device of `global_mesh`.
@@ -229,7 +229,7 @@ def get_shard_indices(global_shape: Shape, global_mesh: Mesh,
   return dict(zip(global_mesh.devices.flat, lay.indices, strict=True))
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def get_shard_indices_replica_ids(global_shape: Shape, global_mesh: Mesh,
                                   mesh_axes: MeshAxes) -> Mapping[Any, tuple[Index, int]]:
   """Return `{device: (index, replica_id)}` for every device of `global_mesh`.
@@ -242,7 +242,7 @@ def get_shard_indices_replica_ids(global_shape: Shape, global_mesh: Mesh,
                   strict=True))
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def get_shard_shape(global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes) -> Shape:
   """Return the shape of every shard of the global array."""
   return layout(global_shape, global_mesh, mesh_axes).shard_shape

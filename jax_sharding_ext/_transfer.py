@@ -41,7 +41,7 @@ the type stock JAX raises) before anything moves; "log" logs a warning on the
 `jax_sharding_ext` logger whose record points at the user's call. Fetching
 from CPU devices is always allowed (seed rule; stock jaxlib applies it to
 every fetch in jax 0.10.2 but not to multi-device arrays in jax 0.12, see
-`_compat.JAXLIB_GUARDS_CPU_FETCH`). Once judged, the move runs
+`jax_transfer.JAXLIB_GUARDS_CPU_FETCH`). Once judged, the move runs
 with jaxlib's own guard suspended on this thread, so a transfer is judged and
 logged once, under this module's classification (jaxlib would judge the
 inner steps differently: on CPU it fetches a reshard through the host and
@@ -69,7 +69,10 @@ import jax
 import jaxlib
 import numpy as np
 
-from jax_sharding_ext import _compat, _donation, _ledger, _notebook
+from jax_sharding_ext import _donation, _ipython, _ledger
+from jax_sharding_ext._jax import frames as jax_frames
+from jax_sharding_ext._jax import tables as jax_tables
+from jax_sharding_ext._jax import transfer as jax_transfer
 
 logger = logging.getLogger("jax_sharding_ext")
 """Where "log" guard levels report GDA transfers (level WARNING)."""
@@ -89,7 +92,7 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
     d2d = [i for i, v in enumerate(values)
            if isinstance(v, jax.Array) and not _already_on(v, devices[i])]
   if not h2d and not d2d:
-    return _compat.batched_device_put(shape, dtype, sharding, values, devices)
+    return jax_tables.batched_device_put(shape, dtype, sharding, values, devices)
   recording = _ledger._open_count
   itemsize = np.dtype(dtype).itemsize
   moves = []
@@ -105,11 +108,11 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
                        sum(math.prod(np.shape(values[i])) for i in idx) * itemsize,
                        src, tuple(devices[i] for i in idx), action))
   _judge(moves)
-  saved = _compat.suspend_transfer_guards()
+  saved = jax_transfer.suspend_transfer_guards()
   try:
-    out = _compat.batched_device_put(shape, dtype, sharding, values, devices)
+    out = jax_tables.batched_device_put(shape, dtype, sharding, values, devices)
   finally:
-    _compat.restore_transfer_guards(saved)
+    jax_transfer.restore_transfer_guards(saved)
   if recording:
     _record(moves)
   return out
@@ -121,8 +124,8 @@ def shard_args(gdas, shardings, layouts, copy_semantics):
   _donation.check_donated_args(gdas)  # f(donate(x), x): refuse before anything runs
   moving = _moving_args(arrays, shardings, layouts, copy_semantics)
   if not moving:  # the common `jax.jit` case: the buffers are handed over as is
-    return _compat.array_shard_arg(arrays, shardings, layouts, copy_semantics)
-  if _compat.in_aot_call():
+    return jax_tables.array_shard_arg(arrays, shardings, layouts, copy_semantics)
+  if jax_frames.in_aot_call():
     raise _aot_mismatch_error(arrays, shardings, moving)
   return _reshard(arrays, shardings, layouts, copy_semantics, moving)
 
@@ -175,15 +178,15 @@ def embed_constant(gda, aval):
   """
   arr = gda._checked_array("embed it as a constant")
   if gda._host_fetched or not arr.sharding.is_fully_addressable:
-    return _compat.array_constant_handler(arr, aval)
-  return _fetch(gda, arr, lambda: _compat.array_constant_handler(arr, aval))
+    return jax_tables.array_constant_handler(arr, aval)
+  return _fetch(gda, arr, lambda: jax_tables.array_constant_handler(arr, aval))
 
 
 # ---------------------------------------------------------------------------
 # Classification, guard decision, logging, recording.
 # ---------------------------------------------------------------------------
 
-H2D, D2D, D2H = _compat.TRANSFER_DIRECTIONS
+H2D, D2D, D2H = jax_transfer.TRANSFER_DIRECTIONS
 
 _ACTIONS: dict[str, tuple[str, str]] = {
     # level: (action for an implicit transfer, for an explicit one); jaxlib's
@@ -202,7 +205,7 @@ _SKIP_PREFIXES = tuple(os.path.dirname(f) + os.sep for f in (__file__, jax.__fil
 
 def guard_action(direction: str, explicit: bool) -> str:
   """What JAX's guard says about a transfer now: "allow", "log" or "disallow"."""
-  return _ACTIONS[_compat.transfer_guard_level(direction)][explicit]
+  return _ACTIONS[jax_transfer.transfer_guard_level(direction)][explicit]
 
 
 class _Move:
@@ -260,7 +263,7 @@ def _moving_args(arrays, shardings, layouts, copy_semantics) -> list[int] | None
   to a few attribute reads per argument).
   """
   moving = None
-  reuse = _compat.REUSE_INPUT
+  reuse = jax_transfer.REUSE_INPUT
   for i in range(len(arrays)):
     a, s, layout, cs = arrays[i], shardings[i], layouts[i], copy_semantics[i]
     src = a.sharding
@@ -270,7 +273,7 @@ def _moving_args(arrays, shardings, layouts, copy_semantics) -> list[int] | None
       continue  # cannot move; stock raises its own NotImplementedError
     if (cs is not reuse
         or (layout is not None and a.format.layout != layout)
-        or not _compat.same_shard_placement(src, s, a.shape)):
+        or not jax_transfer.same_shard_placement(src, s, a.shape)):
       if moving is None:
         moving = []
       moving.append(i)
@@ -278,7 +281,7 @@ def _moving_args(arrays, shardings, layouts, copy_semantics) -> list[int] | None
 
 
 def _reshard(arrays, shardings, layouts, copy_semantics, moving):
-  level, explicit = _compat.transfer_guard_query(D2D, "explicit_device_put")
+  level, explicit = jax_transfer.transfer_guard_query(D2D, "explicit_device_put")
   action = _ACTIONS[level][explicit]
   recording = _ledger._open_count
   moves = []
@@ -291,16 +294,16 @@ def _reshard(arrays, shardings, layouts, copy_semantics, moving):
                 tuple(a.sharding.addressable_devices_indices_map(a.shape)), dst, action)
       # A donation onto the same placement is guarded by jaxlib but writes no
       # new buffer: judged, not recorded.
-      in_place = (copy_semantics[i] != _compat.ALWAYS_COPY
+      in_place = (copy_semantics[i] != jax_transfer.ALWAYS_COPY
                   and (layouts[i] is None or a.format.layout == layouts[i])
-                  and _compat.same_shard_placement(a.sharding, s, a.shape))
+                  and jax_transfer.same_shard_placement(a.sharding, s, a.shape))
       moves.append((m, in_place))
     _judge([m for m, _ in moves])
-  saved = _compat.suspend_transfer_guards()
+  saved = jax_transfer.suspend_transfer_guards()
   try:
-    out = _compat.array_shard_arg(arrays, shardings, layouts, copy_semantics)
+    out = jax_tables.array_shard_arg(arrays, shardings, layouts, copy_semantics)
   finally:
-    _compat.restore_transfer_guards(saved)
+    jax_transfer.restore_transfer_guards(saved)
   if recording:
     _record([m for m, in_place in moves if not in_place])
   return out
@@ -308,7 +311,7 @@ def _reshard(arrays, shardings, layouts, copy_semantics, moving):
 
 def _fetch(gda, arr, move):
   """Judge, run and record `move`, the fetch of `gda`'s value to the host."""
-  level, explicit = _compat.transfer_guard_query(D2H, "explicit_device_get")
+  level, explicit = jax_transfer.transfer_guard_query(D2H, "explicit_device_get")
   action = _ACTIONS[level][explicit]
   judged = action != "allow"  # the guard level acts on this fetch
   # Seed rule: fetching from CPU devices is always allowed, so no level
@@ -324,12 +327,12 @@ def _fetch(gda, arr, move):
   if judged:
     # Judged here, so jaxlib must not judge it again: on "log" it would log a
     # second line, and where the CPU rule allowed the fetch, jax 0.12's
-    # batched host copy would still guard it (`_compat.JAXLIB_GUARDS_CPU_FETCH`).
-    saved = _compat.suspend_transfer_guards()
+    # batched host copy would still guard it (`jax_transfer.JAXLIB_GUARDS_CPU_FETCH`).
+    saved = jax_transfer.suspend_transfer_guards()
     try:
       out = move()
     finally:
-      _compat.restore_transfer_guards(saved)
+      jax_transfer.restore_transfer_guards(saved)
   else:
     out = move()
   gda._host_fetched = True
@@ -340,7 +343,7 @@ def _fetch(gda, arr, move):
 
 def _fetch_always_allowed(arr) -> bool:
   """True when `arr` lives on CPU devices (tests patch this to act as a GPU)."""
-  return _compat.sharding_platform(arr.sharding) == "cpu"
+  return jax_transfer.sharding_platform(arr.sharding) == "cpu"
 
 
 def _already_on(v, device) -> bool:
@@ -365,7 +368,7 @@ def _user_frame():
 def _site_text(frame) -> str:
   if frame is None:
     return "<unknown>:0"
-  return _notebook.site_text(frame.f_code.co_filename, frame.f_lineno)
+  return _ipython.site_text(frame.f_code.co_filename, frame.f_lineno)
 
 
 def _where(devices) -> str:
@@ -397,7 +400,7 @@ def _log(m: _Move) -> None:
 
 
 def _disallowed_error(m: _Move) -> Exception:
-  level = _compat.transfer_guard_level(m.direction)
+  level = jax_transfer.transfer_guard_level(m.direction)
   kind = "explicit" if m.explicit else "implicit"
   which = "all transfers" if level == "disallow_explicit" else "implicit transfers"
   if m.explicit:

@@ -32,8 +32,8 @@ import numpy as np
 from jax.experimental import multihost_utils as _stock
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_sharding_ext import _compat
 from jax_sharding_ext._gda import GlobalDeviceArray
+from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 # Stock names that take no array data: the same objects.
 ProcessFailureError = _stock.ProcessFailureError
@@ -129,7 +129,7 @@ def global_array_to_host_local_array_impl(
   return _as_gda(out)
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def host_local_array_to_global_array(
     local_inputs: Any, global_mesh: jax.sharding.Mesh, pspecs: Any):
   """Each process's host-local values as one global array per leaf.
@@ -205,7 +205,7 @@ def _checked_local_inputs(views: Any, global_mesh: Any, pspecs: Any) -> Any:
   return spec_def.unflatten(out)
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def global_array_to_host_local_array(
     global_inputs: Any, global_mesh: jax.sharding.Mesh, pspecs: Any):
   """Each global array's part on this process's devices, per leaf.
@@ -221,7 +221,7 @@ def global_array_to_host_local_array(
   return _rewrap(out, was_gda)
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
   """Gather data from across processes, as numpy.
 
@@ -246,7 +246,7 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
   return jax.tree_util.tree_map(one, in_tree)
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
   """Broadcast data from a source process (process 0 by default) to all others.
 
@@ -262,7 +262,7 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
   return _stock.broadcast_one_to_all(host, is_source=is_source)
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def assert_equal(in_tree, fail_message: str = ''):
   """Verify that every process has the same pytree of values.
 

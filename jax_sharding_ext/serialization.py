@@ -48,8 +48,8 @@ from jax.experimental.array_serialization import serialization as _stock
 from jax.experimental.array_serialization import tensorstore_impl as _ts_impl
 from jax.sharding import Mesh, NamedSharding
 
-from jax_sharding_ext import _compat
 from jax_sharding_ext._gda import GlobalDeviceArray
+from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, canonical_shape, layout
 
 __all__ = [
@@ -270,7 +270,7 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None):
   return await _stock.async_serialize(arr, tensorstore_spec, commit_future=commit_future)
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def run_serialization(arrays, tensorstore_specs):
   """Write GDAs / `jax.Array`s, one tensorstore spec each, and commit them.
 
@@ -329,7 +329,7 @@ async def async_deserialize(mesh, mesh_axes, tensorstore_spec,
   return GlobalDeviceArray._wrap(arr, mesh_axes)
 
 
-@_compat.api_boundary
+@jax_tracebacks.api_boundary
 def run_deserialization(global_meshes, mesh_axes, tensorstore_specs,
                         global_shapes=None, dtypes=None, concurrent_gb=32):
   """Read checkpoints as `GlobalDeviceArray`s, one mesh and mesh_axes each.
@@ -407,7 +407,7 @@ class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
     >>> manager.wait_until_finished()
   """
 
-  @_compat.api_boundary
+  @jax_tracebacks.api_boundary
   def serialize(self, arrays, tensorstore_specs, *, on_commit_callback):
     """Start writing `arrays` (GDAs or `jax.Array`s), one spec each.
 
@@ -428,7 +428,7 @@ class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
     _call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
         arrs, specs, on_commit_callback=commit))
 
-  @_compat.api_boundary
+  @jax_tracebacks.api_boundary
   def deserialize(self, global_meshes, mesh_axes, tensorstore_specs,
                   global_shapes=None, dtypes=None):
     """Wait for a checkpoint in flight, then `run_deserialization`."""

@@ -3,17 +3,45 @@
 import jax
 import pytest
 
-from jax_sharding_ext import _compat
+from jax_sharding_ext import _jax
 
 
 def test_installed_jax_is_supported():
-  _compat.check_version()
-  print("jax", jax.__version__, "compat JAX_VERSION", _compat.JAX_VERSION)
+  _jax.check_version()
+  print("jax", jax.__version__, "compat JAX_VERSION", _jax.JAX_VERSION)
 
 
 @pytest.mark.parametrize("version", [(0, 4, 30), (0, 10, 1), (0, 13, 0), (1, 0, 0)])
 def test_unsupported_versions_fail_clearly(version):
-  with pytest.raises(_compat.UnsupportedJaxVersionError, match=r"supports jax >= 0\.10\.2") as e:
-    _compat.check_version(version)
+  with pytest.raises(_jax.UnsupportedJaxVersionError, match=r"supports jax >= 0\.10\.2") as e:
+    _jax.check_version(version)
   assert ".".join(map(str, version)) in str(e.value)
   assert isinstance(e.value, ImportError)
+
+
+# Guards for the mechanisms that read JAX's own Python frames or private
+# registries (`_jax/frames.py`, `_jax/donation.py`, `_jax/dispatch.py`): when
+# a JAX release moves one, this names what moved instead of a feature test
+# failing somewhere downstream.
+FRAGILE = [
+    ("frames", "HAS_HOST_CALLBACK_FRAMES",
+     "jax._src.callback.emit_python_callback's nested callback functions (effects_barrier "
+     "inside a host callback)"),
+    ("frames", "HAS_PMAP_BODY_CODE",
+     "jax._src.pmap._cached_shard_map's `_fun` (pmap keeps rejecting ordered effects)"),
+    ("frames", "HAS_AOT_CALL_FRAME",
+     "pxla.MeshExecutable.call (AOT executables refuse a GDA of another sharding)"),
+    ("frames", "_OF_CACHE_MISS_CODE",
+     "jax._src.pjit._cpp_pjit's `cache_miss` (which jit the output flag applies to)"),
+    ("donation", "HAS_CALL_DONATION_INFO",
+     "jax._src.pjit's jit implementation frames holding `donated_invars` (donation of GDAs)"),
+    ("dispatch", "HAS_DISPATCH_REGISTRY",
+     "jax._src.tree_util.dispatch_registry (GDA calls on jit's C++ fast path)"),
+]
+
+
+@pytest.mark.parametrize("module, name, what", FRAGILE, ids=[n for _, n, _ in FRAGILE])
+def test_fragile_mechanisms_still_find_their_jax_hooks(module, name, what):
+  import importlib
+  value = getattr(importlib.import_module(f"jax_sharding_ext._jax.{module}"), name)
+  assert value, f"jax {jax.__version__} moved {what}; update jax_sharding_ext/_jax/{module}.py"

@@ -9,7 +9,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext
-from jax_sharding_ext import GlobalDeviceArray, _compat
+from jax_sharding_ext import GlobalDeviceArray
+from jax_sharding_ext._jax import dispatch as jax_dispatch
 
 
 def _gda(mesh, spec=None):
@@ -28,7 +29,7 @@ def _misses(f, *args, calls=5):
 
 @pytest.mark.parametrize("flag", [False, True])
 def test_gda_args_hit_the_cpp_fast_path(mesh_2d, flag):
-  assert _compat.HAS_DISPATCH_REGISTRY
+  assert jax_dispatch.HAS_DISPATCH_REGISTRY
   jax.config.update("jax_parallel_functions_output_gda", flag)
   gda, data = _gda(mesh_2d)
   other, _ = _gda(mesh_2d)
@@ -50,7 +51,7 @@ def test_gda_stays_a_leaf_outside_dispatch(mesh_2d):
   leaves = jax.tree_util.tree_leaves(state)
   assert all(type(leaf) is GlobalDeviceArray for leaf in leaves)
   assert jax.tree.map(lambda x: x.mesh_axes, state) == {"w": P("x", "y"), "b": [P("x", "y")]}
-  leaves, _ = _compat.dispatch_flatten(gda)
+  leaves, _ = jax_dispatch.dispatch_flatten(gda)
   assert len(leaves) == 1 and leaves[0] is gda.to_jax_array()
 
 

@@ -341,8 +341,8 @@ def test_donated_loop_keeps_the_fast_path(mesh_2d, monkeypatch):
 
 
 def test_compat_found_the_donation_frames():
-  from jax_sharding_ext import _compat
-  assert _compat.HAS_CALL_DONATION_INFO
+  from jax_sharding_ext._jax import donation as jax_donation
+  assert jax_donation.HAS_CALL_DONATION_INFO
 
 
 def test_same_gda_twice_without_donation_is_fine(mesh_2d):

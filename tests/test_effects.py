@@ -22,7 +22,9 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
-from jax_sharding_ext import _compat, _effects
+from jax_sharding_ext import _effects
+from jax_sharding_ext._jax import effects as jax_effects
+from jax_sharding_ext._jax import frames as jax_frames
 
 STOCK_ERROR = "ordered effects are not supported for more than 1 device"
 
@@ -511,11 +513,11 @@ def test_sharded_callback_gspmd_partitioner(mesh_2d):
 
 
 def _memberships(effect_type):
-  return {name for name in _compat.EFFECT_TYPE_SET_NAMES
-          if effect_type in _compat.effect_types_in(name)}
+  return {name for name in jax_effects.EFFECT_TYPE_SET_NAMES
+          if effect_type in jax_effects.effect_types_in(name)}
 
 
-ALL_SETS = set(_compat.EFFECT_TYPE_SET_NAMES)
+ALL_SETS = set(jax_effects.EFFECT_TYPE_SET_NAMES)
 
 
 def test_declare_effect_lands_in_exactly_the_right_tables(fresh_registry):
@@ -583,8 +585,8 @@ def _effect_primitive(name, effect_type, events):
 
   def lowering(ctx, x, *, tag):
     effect = effect_type()
-    sharding = (_compat.callback_op_sharding(ctx)
-                if _compat.axis_context_kind(ctx) in ("auto", "manual") else None)
+    sharding = (jax_effects.callback_op_sharding(ctx)
+                if jax_effects.axis_context_kind(ctx) in ("auto", "manual") else None)
 
     def callback(value):
       events.append((tag, float(np.asarray(value))))
@@ -760,9 +762,9 @@ def test_failed_ordered_callback_reported_once_then_effects_recover():
 
 
 def _lowering_entries():
-  return {(prim.name, platform): _compat.LoweringEdit(prim, platform, None)._table()[prim]
-          for prim in (_compat.debug_callback_p, _compat.debug_print_p)
-          for platform in _compat.lowering_platforms(prim)}
+  return {(prim.name, platform): jax_effects.LoweringEdit(prim, platform, None)._table()[prim]
+          for prim in (jax_effects.debug_callback_p, jax_effects.debug_print_p)
+          for platform in jax_effects.lowering_platforms(prim)}
 
 
 def test_uninstall_restores_stock_behaviour_and_tables(fresh_registry, mesh_2d, capfd):
@@ -772,15 +774,15 @@ def test_uninstall_restores_stock_behaviour_and_tables(fresh_registry, mesh_2d, 
   jse.uninstall()
   stock = _lowering_entries()
   assert not any(e.rule.__name__.startswith("jax_sharding_ext_") for e in stock.values())
-  assert _compat.OrderedDebugEffect not in _compat.effect_types_in("shardable_ordered_effects")
-  assert _compat.debug_callback_p not in _compat.prim_requires_devices_during_lowering
-  assert not isinstance(_compat.get_runtime_tokens(), _effects._TrackedRuntimeTokens)
+  assert jax_effects.OrderedDebugEffect not in jax_effects.effect_types_in("shardable_ordered_effects")
+  assert jax_effects.debug_callback_p not in jax_effects.prim_requires_devices_during_lowering
+  assert not isinstance(jax_effects.get_runtime_tokens(), _effects._TrackedRuntimeTokens)
   with pytest.raises(ValueError, match=STOCK_ERROR):
     jax.jit(_two_prints)(x)
   with pytest.raises(RuntimeError, match="install"):
     jax.jit(lambda v: jse.sharded_callback(print, v))(x)
   jse.install()
-  assert isinstance(_compat.get_runtime_tokens(), _effects._TrackedRuntimeTokens)
+  assert isinstance(jax_effects.get_runtime_tokens(), _effects._TrackedRuntimeTokens)
   jax.jit(_two_prints)(x)
   assert _lines(capfd) == ["first 2016.0", "second 4032.0"]
   jse.uninstall()
@@ -792,7 +794,7 @@ def test_uninstall_restores_stock_behaviour_and_tables(fresh_registry, mesh_2d, 
 
 
 def test_import_initialises_no_backend():
-  code = ("import jax_sharding_ext, jax_sharding_ext._compat as c; "
+  code = ("import jax_sharding_ext, jax_sharding_ext._jax.config as c; "
           "assert not c.initialized_backends(), c.initialized_backends()")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -854,12 +856,12 @@ def test_effects_barrier_inside_a_callback_returns(kind):
 
 
 def test_host_callback_and_pmap_code_objects_are_found():
-  assert _compat.HAS_HOST_CALLBACK_FRAMES, (
+  assert jax_frames.HAS_HOST_CALLBACK_FRAMES, (
       "jax._src.callback.emit_python_callback no longer defines `_wrapped_callback`: "
-      "update `_compat.in_host_callback` for this JAX")
-  assert _compat.HAS_PMAP_BODY_CODE, (
+      "update `jax_frames.in_host_callback` for this JAX")
+  assert jax_frames.HAS_PMAP_BODY_CODE, (
       "jax._src.pmap._cached_shard_map no longer defines `_fun`: update "
-      "`_compat.traced_inside_pmap` for this JAX")
+      "`jax_frames.traced_inside_pmap` for this JAX")
 
 
 @pytest.mark.parametrize("wrap", ["pmap", "jit(pmap)"])

@@ -12,7 +12,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
-from jax_sharding_ext import GlobalDeviceArray, _compat, multihost_utils
+from jax_sharding_ext import GlobalDeviceArray, multihost_utils
+from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 PKG = os.path.dirname(jse.__file__)
 
@@ -55,10 +56,11 @@ def test_filtering_off_keeps_every_frame(mesh_2d):
 def test_uninstall_removes_the_exclusion_exactly(fresh_registry):
   from jax._src import traceback_util
 
+  assert jax_tracebacks.PACKAGE_DIR == PKG
   before = list(traceback_util._exclude_paths)
-  assert before.count(_compat.PACKAGE_DIR) == 1
+  assert before.count(jax_tracebacks.PACKAGE_DIR) == 1
   jse.uninstall()
-  assert _compat.PACKAGE_DIR not in traceback_util._exclude_paths
-  assert traceback_util._exclude_paths == [p for p in before if p != _compat.PACKAGE_DIR]
+  assert jax_tracebacks.PACKAGE_DIR not in traceback_util._exclude_paths
+  assert traceback_util._exclude_paths == [p for p in before if p != jax_tracebacks.PACKAGE_DIR]
   jse.install()
   assert traceback_util._exclude_paths == before

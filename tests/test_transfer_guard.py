@@ -35,7 +35,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
-from jax_sharding_ext import _compat, _ledger, _transfer
+from jax_sharding_ext import _ledger, _transfer
+from jax_sharding_ext._jax import transfer as jax_transfer
 
 GDA = jse.GlobalDeviceArray
 HERE = os.path.relpath(__file__)  # sites read relative to the working directory
@@ -438,14 +439,14 @@ def test_stock_sharded_cpu_fetch_matches_compat_flag(mesh_2d):
 
   jax 0.10.2 exempts every CPU fetch from the guard; jax 0.12's batched host
   copy guards a multi-device CPU `jax.Array` (single-device ones stay exempt).
-  `_compat.JAXLIB_GUARDS_CPU_FETCH` must say which, since `_transfer` relies on
+  `jax_transfer.JAXLIB_GUARDS_CPU_FETCH` must say which, since `_transfer` relies on
   it being understood (the GDA keeps the seed's CPU rule on both, see above).
   """
   sharded = _gda(mesh_2d).to_jax_array()
   single = jax.device_put(DATA, jax.devices()[0])
   with jax.transfer_guard("disallow"):
     np.testing.assert_array_equal(np.asarray(single), DATA)
-    if _compat.JAXLIB_GUARDS_CPU_FETCH:
+    if jax_transfer.JAXLIB_GUARDS_CPU_FETCH:
       with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed device-to-host"):
         np.asarray(sharded)
     else:
@@ -709,5 +710,5 @@ def test_guard_level_reader_matches_jax_config():
   for direction in DIRECTIONS:
     for level in LEVELS:
       with getattr(jax, f"transfer_guard_{direction}")(level):
-        assert _compat.transfer_guard_level(direction) == level
-    assert _compat.transfer_guard_level(direction) == "allow"
+        assert jax_transfer.transfer_guard_level(direction) == level
+    assert jax_transfer.transfer_guard_level(direction) == "allow"

@@ -1,0 +1,52 @@
+"""Every touch of `jax._src` in jax_sharding_ext, split by the JAX subsystem
+it reaches into. Nothing outside this sub-package imports `jax._src` (a ruff
+ban enforces it). Importing any module here first runs the version gate
+below, so an unsupported JAX fails at import with a message naming the
+version found and the versions supported.
+
+Modules (each docstring names the JAX modules it touches and what breaks
+first when JAX changes):
+
+- `tables`: the extension tables keyed by Python type (avals, shard args,
+  result handlers, canonicalisation, MLIR constants), reversible edits of
+  them, host-to-device placement and `jax.device_put` with no target.
+- `config`: config flags, the explicit device_put / device_get thread state,
+  the backends initialised so far.
+- `transfer`: the transfer-guard state (levels, suspension) and shard
+  placement comparison.
+- `effects`: effect-type sets, the debug primitives' lowerings, sharding
+  annotations of lowering contexts, runtime tokens.
+- `frames`: the questions JAX answers only in its own Python frames (inside a
+  host callback? tracing a pmap body? an AOT call? which jit is compiling?).
+- `donation`: the donation vector of the running call and the mesh of
+  `with mesh:`.
+- `dispatch`: jit's C++ dispatch pytree registry.
+- `tracebacks`: JAX's traceback filtering (API boundaries, excluded paths).
+
+Supported: JAX 0.10.2 (Python 3.11) and JAX 0.12.x (Python 3.12).
+"""
+
+from __future__ import annotations
+
+import jax
+
+MIN_JAX = (0, 10, 2)
+MAX_JAX_EXCLUSIVE = (0, 13, 0)
+JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:3])
+
+
+class UnsupportedJaxVersionError(ImportError):
+  """The installed JAX is outside the range this package was built against."""
+
+
+def check_version(version: tuple[int, ...] = JAX_VERSION) -> None:
+  """Raise `UnsupportedJaxVersionError` unless `version` is supported."""
+  if not (MIN_JAX <= tuple(version) < MAX_JAX_EXCLUSIVE):
+    raise UnsupportedJaxVersionError(
+        f"jax_sharding_ext supports jax >= {'.'.join(map(str, MIN_JAX))} and "
+        f"< {'.'.join(map(str, MAX_JAX_EXCLUSIVE))}, but jax {'.'.join(map(str, version))} "
+        "is installed. Install a supported version, e.g. "
+        "`pip install 'jax>=0.10.2,<0.13'`.")
+
+
+check_version()

@@ -1,0 +1,132 @@
+"""The donation vector of the running call, and the mesh of `with mesh:`.
+
+Touches the code objects of `jax._src.pjit`'s jit implementation functions
+(`_run_python_pjit`, ...), `jax.stages.Compiled.__call__`, and
+`jax._src.mesh` (the `with mesh:` stack). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+
+What breaks first when JAX changes: the names of the frame locals holding
+`donated_invars` / the argument names; `HAS_CALL_DONATION_INFO` turns False
+and `tests/test_compat.py` names the function that moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# --- donation and pjit ---
+# ---------------------------------------------------------------------------
+# Which arguments of the running call are donated (`jax.jit(...,
+# donate_argnums=...)`, `donate_argnames`, legacy `pjit(donate_argnums=...)`).
+#
+# jax 0.10.2 and 0.12.x hand *every* jit argument to `shard_arg_handlers` with
+# `ArrayCopySemantics.REUSE_INPUT` (`pxla.InputsHandler`), donated or not: the
+# donation itself is applied afterwards by PjRt inside `execute_sharded`. So a
+# handler cannot tell from its `copy_semantics` that an argument is donated,
+# and PjRt's check for `f(donate(a), a)` ("Attempt to use a buffer that was
+# previously donated in the same call") fails on some partitions and then
+# crashes the process (measured: SIGSEGV with 8 CPU devices, jax 0.10.2).
+#
+# The donation vector of the running call is a local of the Python frames that
+# dispatch it, which are on the stack whenever a GDA reaches its shard-arg
+# handler (warm calls on jit's C++ fast path do not; `_donation.dispatch_key`
+# sends the risky ones back to this Python path):
+# * `pjit._pjit_call_impl_python(*args, donated_invars=...)` (top-level
+#   `jax.jit` calls) and `pjit._pjit_call_impl` (`jit_p.bind`, e.g. under
+#   `jax.debug_key_reuse`): `args` and `donated_invars` align one to one;
+#   `pjit._run_python_pjit`'s `p.arg_names` names the non-constant ones.
+# * `stages.Compiled.__call__` (AOT `jit(f).lower(...).compile()(...)`): the
+#   public `Compiled.donate_argnums` (flat indices) over the flattened
+#   `(args, kwargs)`.
+# No public API exposes this; a JAX that renames these functions makes
+# `HAS_CALL_DONATION_INFO` False and the check is skipped (stock behaviour).
+#
+# The mesh of `with mesh:` (legacy pjit): `Mesh.__enter__` pushes onto
+# `mesh.thread_resources` (deprecated public alias
+# `jax.interpreters.pxla.thread_resources`, which warns); `jax.set_mesh`
+# sets `mesh.get_concrete_mesh()` (public `jax.sharding.get_mesh()`, which
+# refuses to run under a trace, hence the internal spelling).
+# ---------------------------------------------------------------------------
+import sys as _dn_sys
+from typing import Any
+
+import jax
+import jax.stages as _dn_stages
+from jax._src import mesh as _dn_mesh
+from jax._src import pjit as _dn_pjit
+
+
+def _dn_code(owner: Any, name: str) -> Any:
+  return getattr(getattr(owner, name, None), "__code__", None)
+
+
+_DN_JIT_IMPL_CODES = frozenset(
+    c for c in (_dn_code(_dn_pjit, "_pjit_call_impl_python"),
+                _dn_code(_dn_pjit, "_pjit_call_impl")) if c is not None)
+_DN_RUN_PYTHON_PJIT_CODE = _dn_code(_dn_pjit, "_run_python_pjit")
+_DN_COMPILED_CALL_CODE = _dn_code(getattr(_dn_stages, "Compiled", None), "__call__")
+
+HAS_CALL_DONATION_INFO = bool(_DN_JIT_IMPL_CODES)
+"""True when the jit dispatch frames that carry the donation vector were found."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallDonation:
+  """The flat arguments of the running jit call and which of them are donated."""
+
+  args: tuple
+  donated: tuple
+  names: tuple | None  # one per entry of `args` ('' when unknown), or None
+
+
+def _dn_arg_names(frame: Any, n_args: int) -> tuple | None:
+  for _ in range(4):
+    frame = frame.f_back
+    if frame is None:
+      return None
+    if frame.f_code is _DN_RUN_PYTHON_PJIT_CODE:
+      names = getattr(frame.f_locals.get("p"), "arg_names", None)
+      if names is None or len(names) > n_args:
+        return None
+      return ("",) * (n_args - len(names)) + tuple(names)  # constants come first
+  return None
+
+
+def current_call_donation(max_depth: int = 24) -> CallDonation | None:
+  """Donation info of the jit call being dispatched on this thread, or None.
+
+  Meant to be called from inside a `shard_arg_handlers` entry.
+  """
+  frame = _dn_sys._getframe(1)
+  for _ in range(max_depth):
+    if frame is None:
+      return None
+    code = frame.f_code
+    if code in _DN_JIT_IMPL_CODES:
+      loc = frame.f_locals
+      args, donated = loc.get("args"), loc.get("donated_invars")
+      if args is None or donated is None or len(args) != len(donated):
+        return None
+      return CallDonation(tuple(args), tuple(donated), _dn_arg_names(frame, len(args)))
+    if code is _DN_COMPILED_CALL_CODE:
+      loc = frame.f_locals
+      compiled = loc.get("self")
+      args = jax.tree_util.tree_leaves((loc.get("args", ()), loc.get("kwargs", {})))
+      try:
+        donate = set(compiled.donate_argnums)
+      except Exception:  # pragma: no cover - a Compiled without args_info
+        return None
+      return CallDonation(tuple(args), tuple(i in donate for i in range(len(args))), None)
+    frame = frame.f_back
+  return None
+
+
+def context_mesh() -> Any:
+  """The mesh of the innermost `with mesh:` on this thread, else `jax.set_mesh`'s.
+
+  Returns None when neither is active.
+  """
+  mesh = _dn_mesh.thread_resources.env.physical_mesh
+  if not mesh.empty:
+    return mesh
+  mesh = _dn_mesh.get_concrete_mesh()
+  return None if mesh is None or mesh.empty else mesh

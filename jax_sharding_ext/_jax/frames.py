@@ -1,0 +1,164 @@
+"""Questions JAX answers only inside its own Python frames, found by code
+object: are we inside a host callback, tracing a pmap body, inside an AOT
+executable's call, or compiling which jitted function?
+
+Touches the code objects of `jax._src.callback.emit_python_callback`'s
+nested functions, `jax._src.pmap._cached_shard_map`'s `_fun`,
+`pxla.MeshExecutable.call` and `jax._src.pjit._cpp_pjit`'s `cache_miss`.
+Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+
+What breaks first when JAX changes: a renamed function. Each lookup sets a
+`HAS_*` flag; when one turns False the feature degrades as documented next
+to it, and `tests/test_compat.py` fails naming the JAX function that moved.
+"""
+
+from __future__ import annotations
+
+# --- host callbacks and pmap, found by code object ----------------------------
+# Two questions with no public answer, both answered from code objects (no
+# table exists for either):
+#
+# * Is this thread inside a host callback? Every host callback (debug
+#   callbacks and prints, `io_callback`, `pure_callback`) runs the
+#   `_wrapped_callback` closures of `callback.emit_python_callback`, whose
+#   frames are then on the stack. `effects_barrier()` needs to know: there it
+#   must not wait for the computation that is running it.
+# * Was an equation traced inside `jax.pmap`? pmap is `jit(shard_map(_fun))`
+#   (`pmap._cached_shard_map`, jax 0.10.2 and 0.12.x), so its body looks like
+#   any `shard_map` when lowered; the equation's trace-time traceback
+#   (`ctx.traceback.raw_frames()`) contains pmap's `_fun` frame.
+# If a JAX release renames these, the `HAS_*` flags below turn False and
+# `tests/test_effects.py` names the function that moved.
+# ---------------------------------------------------------------------------
+import sys as _cb_sys
+import types as _cb_types
+from typing import Any
+
+from jax._src import callback as _fx_callback
+from jax._src import pmap as _cb_pmap
+from jax._src.interpreters import pxla as _pxla
+
+from jax_sharding_ext._jax.donation import _dn_code, _dn_pjit, _dn_sys
+
+
+def _nested_codes(fn: Any, name: str) -> frozenset:
+  """Code objects named `name` defined (at any depth) inside function `fn`.
+
+  A decorated `fn` (e.g. `util.cache()`'s `memoized_fun`, as
+  `pmap._cached_shard_map` is) is searched through the functions its
+  closure holds.
+  """
+  found = set()
+  todo = [getattr(fn, "__code__", None)]
+  for cell in getattr(fn, "__closure__", None) or ():
+    try:
+      held = cell.cell_contents
+    except ValueError:  # an empty cell
+      continue
+    if isinstance(held, _cb_types.FunctionType):
+      todo.append(held.__code__)
+  while todo:
+    code = todo.pop()
+    if code is None:
+      continue
+    for c in code.co_consts:
+      if isinstance(c, _cb_types.CodeType):
+        if c.co_name == name:
+          found.add(c)
+        todo.append(c)
+  return frozenset(found)
+
+
+_HOST_CALLBACK_CODES = _nested_codes(getattr(_fx_callback, "emit_python_callback", None),
+                                     "_wrapped_callback")
+HAS_HOST_CALLBACK_FRAMES = bool(_HOST_CALLBACK_CODES)
+"""True when `callback.emit_python_callback`'s `_wrapped_callback` closures were found."""
+
+_PMAP_BODY_CODES = _nested_codes(getattr(_cb_pmap, "_cached_shard_map", None), "_fun")
+HAS_PMAP_BODY_CODE = bool(_PMAP_BODY_CODES)
+"""True when the body function of `jax.pmap` (`pmap._cached_shard_map._fun`) was found."""
+
+
+def in_host_callback() -> bool:
+  """True when the calling thread is running a JAX host callback."""
+  frame = _cb_sys._getframe(1)
+  while frame is not None:
+    if frame.f_code in _HOST_CALLBACK_CODES:
+      return True
+    frame = frame.f_back
+  return False
+
+
+def traced_inside_pmap(ctx) -> bool:
+  """True when the equation lowered with `ctx` was traced inside `jax.pmap`."""
+  tb = getattr(ctx, "traceback", None)
+  if tb is None or not _PMAP_BODY_CODES:
+    return False
+  codes, _ = tb.raw_frames()
+  return any(c in _PMAP_BODY_CODES for c in codes)
+
+
+# --- output flag: which jit is being compiled --------------------------------
+# The GDA-era `jax_parallel_functions_output_gda` flag turned the outputs of
+# the user's pjit calls into GDAs, never the results of eager operations. In
+# today's JAX every eager operation is a jit too: `x + 1` compiles a jitted
+# primitive (`dispatch.apply_primitive`) and most `jax.numpy` functions are
+# jitted internally. A result handler is built while its executable is
+# compiled, inside the `cache_miss` closure of `pjit._cpp_pjit(fun, ...)`
+# (jax 0.10.2 and 0.12.x), whose `fun` is the function being jitted; reading
+# it from that frame tells a user's jit from one of JAX's own. Compile time
+# only, never per call. Without such a frame (AOT `.lower().compile()`), the
+# caller compiled the user's function directly.
+
+def _of_nested_code(fn: Any, name: str) -> Any:
+  """The code object of the function `name` defined inside `fn`, or None."""
+  consts = getattr(getattr(fn, "__code__", None), "co_consts", ())
+  return next((c for c in consts if getattr(c, "co_name", None) == name), None)
+
+
+_OF_CACHE_MISS_CODE = _of_nested_code(getattr(_dn_pjit, "_cpp_pjit", None), "cache_miss")
+
+
+def jitted_function_being_compiled() -> Any:
+  """The Python function of the innermost `jax.jit` cache miss on this thread.
+
+  None when no `jax.jit` call is being dispatched (e.g. AOT compilation).
+  """
+  if _OF_CACHE_MISS_CODE is None:
+    return None
+  f = _dn_sys._getframe(1)
+  while f is not None:
+    if f.f_code is _OF_CACHE_MISS_CODE:
+      return f.f_locals.get("fun")
+    f = f.f_back
+  return None
+
+
+# --- AOT calls ----------------------------------------------------------------
+# A compiled executable (`jax.jit(...).lower(...).compile()`, also legacy
+# `pjit(...).lower(...).compile()`) checks its arguments' shardings in
+# `pxla.MeshExecutable.call` (`check_array_xla_sharding_layout_match`), but
+# only those of `ArrayImpl` arguments: any other type is resharded silently by
+# its shard-arg handler. A GDA's handler runs inside that frame on the AOT
+# path and never on the `jax.jit` path (which calls `unsafe_call` directly and
+# resolves committed shardings itself), so finding the frame tells the
+# handler to apply stock's check instead of resharding. Rare path only: the
+# handler looks only when an argument would move.
+# ---------------------------------------------------------------------------
+
+_AOT_CALL_CODE = _dn_code(getattr(_pxla, "MeshExecutable", None), "call")
+
+HAS_AOT_CALL_FRAME = _AOT_CALL_CODE is not None
+"""True when `pxla.MeshExecutable.call` (the AOT argument check) was found."""
+
+
+def in_aot_call(max_depth: int = 16) -> bool:
+  """True when called (from a shard-arg handler) inside an AOT executable call."""
+  frame = _dn_sys._getframe(1)
+  for _ in range(max_depth):
+    if frame is None:
+      return False
+    if frame.f_code is _AOT_CALL_CODE:
+      return True
+    frame = frame.f_back
+  return False

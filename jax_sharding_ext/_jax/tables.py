@@ -1,0 +1,298 @@
+"""JAX's extension tables keyed by Python type, and reversible edits of them.
+
+Touches: `jax._src.core` (`pytype_aval_mappings`, `ShapedArray`),
+`jax._src.interpreters.pxla` (`shard_arg_handlers`, `global_result_handlers`,
+`batched_device_put`), `jax._src.interpreters.mlir` (`_constant_handlers`),
+`jax._src.dtypes`, `jax._src.lib` (`_jax.register_canonicalize_value_handler`),
+`jax._src.array` (`ArrayImpl`), `jax._src.dispatch`
+(`_batched_device_put_impl`). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+
+What breaks first when JAX changes: a table renamed or moved (the import
+below fails with the module's name), or the canonicalisation registry's C++
+signature (`CanonicalizeEdit`), or `dispatch._batched_device_put_impl`
+(`DevicePutDefaultEdit` refuses to apply and says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax._src import dispatch as _fx_dispatch
+
+from jax_sharding_ext._jax import UnsupportedJaxVersionError
+
+# All private imports below. If one of them fails, the version check above
+# passed, so the message names the module that moved.
+try:
+  from jax._src import array as _array
+  from jax._src import core as _core
+  from jax._src import dtypes as _dtypes
+  from jax._src.interpreters import mlir as _mlir
+  from jax._src.interpreters import pxla as _pxla
+except ImportError as e:  # pragma: no cover - only on an unsupported JAX
+  raise UnsupportedJaxVersionError(
+      f"jax_sharding_ext could not import a JAX internal it needs ({e}) from "
+      f"jax {jax.__version__}. This JAX release moved it; please report the "
+      "version so `jax_sharding_ext/_jax/` can learn the new location.") from e
+
+_MISSING = object()
+
+ArrayImpl = _array.ArrayImpl
+"""The concrete `jax.Array` class (not subclassable: it is a C++ type)."""
+
+InvalidInputException = _dtypes.InvalidInputException
+
+# ---------------------------------------------------------------------------
+# Reversible table edits.
+#
+# Every dict-like table this package writes into is edited through `TableEdit`,
+# which remembers what was there before so `uninstall()` can restore exactly
+# the prior contents, and refuses to clobber an entry someone else replaced in
+# the meantime (chex `restrict_backends` style).
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TableEdit:
+  """One `table[key] = value` that can be undone."""
+
+  name: str
+  table: Any
+  key: Any
+  value: Any
+  prev: Any = _MISSING
+  applied: bool = False
+
+  def apply(self) -> None:
+    if self.applied:
+      return
+    self.prev = self.table.get(self.key, _MISSING)
+    self.table[self.key] = self.value
+    self.applied = True
+
+  def revert(self) -> None:
+    if not self.applied:
+      return
+    current = self.table.get(self.key, _MISSING)
+    if current is not self.value:
+      raise RuntimeError(
+          f"Cannot uninstall jax_sharding_ext: {self.name}[{self.key!r}] was "
+          "replaced by someone else after jax_sharding_ext installed it. "
+          "Uninstall the other extension first.")
+    if self.prev is _MISSING:
+      del self.table[self.key]
+    else:
+      self.table[self.key] = self.prev
+    self.applied = False
+
+
+# ---------------------------------------------------------------------------
+# pytype_aval_mappings: `core.pytype_aval_mappings` only since jax 0.5.0
+# (commits 2c722d9b13, 3cecbf34f2); before that also `xla.pytype_aval_mappings`
+# and `api_util._shaped_abstractify_handlers`.
+# ---------------------------------------------------------------------------
+
+pytype_aval_mappings: dict[type, Callable[[Any], Any]] = _core.pytype_aval_mappings
+_array_aval = _core.pytype_aval_mappings[ArrayImpl]
+
+
+def array_aval(arr: Any) -> Any:
+  """Return the aval stock JAX gives the `jax.Array` `arr` (with sharding)."""
+  return _array_aval(arr)
+
+
+# ---------------------------------------------------------------------------
+# shard_arg_handlers: signature `(xs, shardings, layouts, copy_semantics)`,
+# batched, since jax 0.4.36 (5046cedbfc batched in 0.4.30, 6e1c23610d layouts
+# in 0.4.32, 0bb30f0777 copy_semantics in 0.4.36). Both supported releases
+# have this signature, so handlers are written against it directly.
+# ---------------------------------------------------------------------------
+
+ShardArgHandler = Callable[[Sequence[Any], Sequence[Any], Sequence[Any], Sequence[Any]],
+                           Sequence[Any]]
+shard_arg_handlers: dict[type, ShardArgHandler] = _pxla.shard_arg_handlers
+_array_shard_arg = _pxla.shard_arg_handlers[ArrayImpl]
+
+
+def array_shard_arg(arrays, shardings, layouts, copy_semantics) -> Sequence[Any]:
+  """Shard `jax.Array`s exactly as stock JAX does (zero-copy when it can)."""
+  return _array_shard_arg(arrays, shardings, layouts, copy_semantics)
+
+
+# ---------------------------------------------------------------------------
+# global_result_handlers: keyed by `core.ShapedArray`, handler
+# `(global_aval, out_sharding, committed) -> _jax.ResultHandler` since jax
+# 0.4.26 (217f08236e). `ResultHandler.wrap(fn)` post-processes each output.
+# ---------------------------------------------------------------------------
+
+global_result_handlers: dict[type, Callable[..., Any]] = _pxla.global_result_handlers
+ShapedArray = _core.ShapedArray
+
+
+def is_plain_dtype(dtype) -> bool:
+  """True for the dtypes a `GlobalDeviceArray` can hold (not float0/extended)."""
+  return not (dtype == _dtypes.float0 or _dtypes.issubdtype(dtype, _dtypes.extended))
+
+
+# ---------------------------------------------------------------------------
+# Value canonicalisation. Since jax 0.10.2 (cd8549e7cf) the registry lives in
+# C++ (`_jax.register_canonicalize_value_handler`) and has no way to remove an
+# entry; `dtypes.canonicalize_value_handlers` is a write-only shim, so it is
+# never read here. To keep `uninstall()` honest, the handler registered is a
+# switch: while installed it is the identity, after uninstall it raises the
+# same `InvalidInputException` stock JAX raises for an unknown type.
+# ---------------------------------------------------------------------------
+
+_canonicalize_enabled: dict[type, bool] = {}
+
+
+def _make_canonicalize_switch(typ: type) -> Callable[[Any], Any]:
+  def canonicalize(x):
+    if _canonicalize_enabled.get(typ):
+      return x
+    raise InvalidInputException(
+        f"Argument '{x}' of type {type(x)} is not a valid JAX type. "
+        "(jax_sharding_ext is uninstalled; call `jax_sharding_ext.install()`.)")
+  return canonicalize
+
+
+class RegisterOnceEdit:
+  """An edit of a JAX registry that has no way to remove an entry.
+
+  The entry is registered the first time it is applied and stays; applying and
+  reverting then only switch it on and off (`_enable`), so `uninstall()`
+  restores stock behaviour even though the registration itself remains.
+  """
+
+  name = ""
+
+  def __init__(self, typ: type):
+    self.typ = typ
+    self.applied = False
+
+  def _available(self) -> bool:
+    return True
+
+  def _register(self) -> None:
+    raise NotImplementedError
+
+  def _enable(self, on: bool) -> None:
+    raise NotImplementedError
+
+  def apply(self) -> None:
+    if self.applied or not self._available():
+      return
+    if self.typ not in self._registered:
+      self._register()
+      self._registered.add(self.typ)
+    self._enable(True)
+    self.applied = True
+
+  def revert(self) -> None:
+    if self.applied:
+      self._enable(False)
+      self.applied = False
+
+
+class CanonicalizeEdit(RegisterOnceEdit):
+  """Canonicalise `typ` as the identity; reverted, it raises as stock does."""
+
+  name = "canonicalize_value_handlers"
+  _registered: set[type] = set()
+
+  def _register(self) -> None:
+    _dtypes.register_canonicalize_value_handler(self.typ, _make_canonicalize_switch(self.typ))
+
+  def _enable(self, on: bool) -> None:
+    _canonicalize_enabled[self.typ] = on
+
+
+def canonicalize_value(x: Any) -> Any:
+  """`dtypes.canonicalize_value`: numpy/Python values to JAX's dtype rules."""
+  return _dtypes.canonicalize_value(x)
+
+
+# ---------------------------------------------------------------------------
+# MLIR constant handlers: a value closed over by a jitted function is embedded
+# as a constant through `mlir.register_constant_handler` (a dict,
+# `mlir._constant_handlers`, in both supported releases).
+# ---------------------------------------------------------------------------
+
+constant_handlers: dict[type, Callable[..., Any]] = _mlir._constant_handlers
+_array_constant_handler = _mlir._constant_handlers[ArrayImpl]
+
+
+def array_constant_handler(arr, aval):
+  return _array_constant_handler(arr, aval)
+
+
+# ---------------------------------------------------------------------------
+# Placing host data on devices. `pxla.batched_device_put` is what
+# `jax.make_array_from_callback` uses: one C++ call for all shards, no
+# per-shard Python dispatch.
+# ---------------------------------------------------------------------------
+
+
+def batched_device_put(shape, dtype, sharding, values, devices):
+  """Place one host or device value per device as one global `jax.Array`."""
+  aval = _core.update_aval_with_sharding(_core.ShapedArray(tuple(shape), dtype), sharding)
+  return _pxla.batched_device_put(aval, sharding, list(values), list(devices))
+
+
+# --- device_put with no target ---------------------------------------------
+# `jax.device_put(x)` (no device, no sharding) keeps a committed `jax.Array`
+# where it is: `dispatch._device_put_sharding_impl` returns it unchanged (or
+# copies it onto its own sharding). Any other type is treated like host data
+# and lands on the default device, uncommitted, before a shard-arg handler
+# ever sees it (the handler is only told the default device's sharding), so
+# a GDA would silently move all its shards to device 0. The one place that
+# sees "no target" together with the value is `dispatch._batched_device_put_impl`,
+# which `jax.device_put` calls eagerly through the module attribute (jax
+# 0.10.2 and 0.12.x; under a trace it binds `device_put_p`, whose operands
+# are tracers). No table exists for it, so the attribute is wrapped, with a
+# reversible edit that refuses to clobber someone else's wrapper.
+# ---------------------------------------------------------------------------
+
+_DP_IMPL_NAME = "_batched_device_put_impl"
+
+
+class DevicePutDefaultEdit:
+  """`jax.device_put(x)` with no target uses `default_of(x)` for values of `typ`."""
+
+  name = f"dispatch.{_DP_IMPL_NAME}"
+
+  def __init__(self, typ: type, default_of: Callable[[Any], Any]):
+    self.typ = typ
+    self.default_of = default_of
+    self.prev: Any = None
+    self.wrapper: Any = None
+
+  def apply(self) -> None:
+    if self.wrapper is not None:
+      return
+    prev = getattr(_fx_dispatch, _DP_IMPL_NAME)
+    typ, default_of = self.typ, self.default_of
+
+    def _batched_device_put_impl(*xs, devices, **kwargs):
+      if any(type(x) is typ and d is None for x, d in zip(xs, devices, strict=True)):
+        devices = [default_of(x) if type(x) is typ and d is None else d
+                   for x, d in zip(xs, devices, strict=True)]
+      return prev(*xs, devices=devices, **kwargs)
+
+    self.prev = prev
+    self.wrapper = _batched_device_put_impl
+    setattr(_fx_dispatch, _DP_IMPL_NAME, _batched_device_put_impl)
+
+  def revert(self) -> None:
+    if self.wrapper is None:
+      return
+    if getattr(_fx_dispatch, _DP_IMPL_NAME) is not self.wrapper:
+      raise RuntimeError(
+          f"Cannot uninstall jax_sharding_ext: {self.name} was replaced by "
+          "someone else after jax_sharding_ext wrapped it. Uninstall the other "
+          "extension first.")
+    setattr(_fx_dispatch, _DP_IMPL_NAME, self.prev)
+    self.prev = self.wrapper = None
