@@ -12,11 +12,9 @@ from jax.sharding import Mesh as Mesh
 from jax.sharding import PartitionSpec as PartitionSpec
 
 from jax_sharding_ext import multihost_utils as multihost_utils
+from jax_sharding_ext._barrier import effects_barrier as effects_barrier
 from jax_sharding_ext._donation import donation_vector as donation_vector
 from jax_sharding_ext._donation import rebase_donate_argnums as rebase_donate_argnums
-from jax_sharding_ext._effects import declare_effect as declare_effect
-from jax_sharding_ext._effects import effects_barrier as effects_barrier
-from jax_sharding_ext._effects import mark_shardable as mark_shardable
 from jax_sharding_ext._effects import sharded_callback as sharded_callback
 from jax_sharding_ext._gda import FROM_GDA as FROM_GDA
 from jax_sharding_ext._gda import GlobalDeviceArray as GlobalDeviceArray
@@ -35,6 +33,8 @@ from jax_sharding_ext._shard_math import (
   get_shard_indices_replica_ids as get_shard_indices_replica_ids,
 )
 from jax_sharding_ext._shard_math import get_shard_shape as get_shard_shape
+from jax_sharding_ext._user_effects import declare_effect as declare_effect
+from jax_sharding_ext._user_effects import mark_shardable as mark_shardable
 from jax_sharding_ext._version import __version__ as __version__
 from jax_sharding_ext._version import __version_info__ as __version_info__
 from jax_sharding_ext.multihost_utils import (

@@ -38,11 +38,13 @@ between threads.
   prints. `debug_callback_p` is added to
   `dispatch.prim_requires_devices_during_lowering` so the lowering knows the
   devices.
-* `declare_effect` / `mark_shardable` add user effect types to JAX's
-  effect-type sets; these memberships are undone by `uninstall()` too.
+* `declare_effect` / `mark_shardable` (`_user_effects.py`) add user effect
+  types to JAX's effect-type sets; these memberships are undone by
+  `uninstall()` too.
 * `dispatch.runtime_tokens` (a `threading.local`) is replaced by a subclass
   instance that also records each thread's state, so `effects_barrier()`
-  waits for the effects dispatched by *every* thread, not only the caller's.
+  (`_barrier.py`) waits for the effects dispatched by *every* thread, not
+  only the caller's.
 
 **What it does not do.** It does not order effects across devices at one
 program point, nor effects of different types against each other. Two
@@ -60,7 +62,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from jax_sharding_ext import _barrier, _user_effects
 from jax_sharding_ext._jax import effects as jax_effects
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
@@ -393,338 +395,6 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
 
 
 # ---------------------------------------------------------------------------
-# effects_barrier: every thread's tokens.
-# ---------------------------------------------------------------------------
-
-_thread_token_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Thread -> that thread's `RuntimeTokenSet` attribute dict (the live one)."""
-
-
-class _TrackedRuntimeTokens(jax_effects.RuntimeTokenSet):
-  """JAX's per-thread runtime tokens, also reachable from other threads.
-
-  It also recovers from a failed computation, where the stock token set stays
-  broken (see `jax_effects.RuntimeTokenSet`): a barrier reports the failure once
-  and starts over, and an ordered effect whose last token is known to have
-  failed starts a new token chain instead of inheriting the error.
-  """
-
-  def __init__(self):
-    super().__init__()
-    # Tokens of failed computations taken out of `current_tokens` by
-    # `get_token_input`, kept so that the next barrier reports their error.
-    self.failed_tokens = []
-    # For a `threading.local`, `__init__` runs once in each thread that uses
-    # it, and `self.__dict__` is that thread's attribute dict; `clear()`
-    # rebinds attributes inside that same dict.
-    with _lock:
-      _thread_token_states[threading.current_thread()] = self.__dict__
-
-  def get_token_input(self, eff, *args, **kwargs):
-    token = self.current_tokens.get(eff)
-    if token is not None and jax_effects.failed_token_error(token) is not None:
-      # The computation that produced it has finished, and failed: its
-      # effects are over, so program order holds with a fresh token. (A
-      # token still running is passed on: if it fails, so does this call.)
-      del self.current_tokens[eff]
-      self.failed_tokens.append(token)
-    return super().get_token_input(eff, *args, **kwargs)
-
-  def clear(self):
-    super().clear()
-    self.failed_tokens = []
-
-  def block_until_ready(self):
-    """Wait for every token; raise the first failure once, then start over."""
-    error = None
-    for token in [*self.failed_tokens, *self.current_tokens.values(),
-                  *self.output_runtime_tokens.values()]:
-      try:
-        token.block_until_ready()
-      except jax.errors.JaxRuntimeError as e:
-        error = error or e
-    self.clear()
-    if error is not None:
-      raise error
-
-
-class _RuntimeTokensEdit:
-  """Swap `dispatch.runtime_tokens` for a tracked instance; undo swaps back.
-
-  The calling thread's pending tokens move across both ways. Tokens other
-  threads hold in the object being replaced stay there (a thread that
-  dispatched ordered effects before `install()` starts a new chain after it).
-  A failure set aside by `get_token_input` and not yet raised by a barrier is
-  dropped by `uninstall()` (the stock token set has no place for it).
-  """
-
-  name = "dispatch.runtime_tokens"
-
-  def __init__(self):
-    self.applied = False
-    self._old: Any = None
-    self._new: Any = None
-
-  def apply(self) -> None:
-    if self.applied:
-      return
-    old = jax_effects.get_runtime_tokens()
-    new = _TrackedRuntimeTokens()
-    new.current_tokens = old.current_tokens
-    new.output_runtime_tokens = old.output_runtime_tokens
-    self._old, self._new = old, new
-    jax_effects.set_runtime_tokens(new)
-    self.applied = True
-
-  def revert(self) -> None:
-    if not self.applied:
-      return
-    if jax_effects.get_runtime_tokens() is not self._new:
-      raise RuntimeError(
-          "Cannot uninstall jax_sharding_ext: `dispatch.runtime_tokens` was "
-          "replaced by someone else after jax_sharding_ext installed it. "
-          "Uninstall the other extension first.")
-    self._old.current_tokens = self._new.current_tokens
-    self._old.output_runtime_tokens = self._new.output_runtime_tokens
-    jax_effects.set_runtime_tokens(self._old)
-    self._old = self._new = None
-    self.applied = False
-
-
-def _pending_tokens(state: dict) -> list:
-  for _ in range(3):  # the owning thread may be mid-update
-    try:
-      return [*tuple(state.get("current_tokens", {}).values()),
-              *tuple(state.get("output_runtime_tokens", {}).values())]
-    except RuntimeError:
-      continue
-  return []
-
-
-def effects_barrier() -> None:
-  """Wait until every effect already dispatched, on every device, has run.
-
-  `jax.effects_barrier()` waits for the effects dispatched by the calling
-  thread (and raises if one of them failed). This also waits for those
-  dispatched by every other thread; their failures are left for those
-  threads' own barriers.
-
-  A failure is reported once: the barrier that raises it also forgets it, and
-  later ordered effects start afresh (after an asynchronous failure on
-  several devices, stock JAX raises it at every barrier and fails every later
-  computation with the same ordered effect).
-  """
-  if jax_frames.in_host_callback():
-    # Called from inside a host callback: the computation running it cannot
-    # finish first, so wait only for what stock's barrier waits for there
-    # (this thread's own effects: none).
-    jax.effects_barrier()
-    return
-  try:
-    jax.effects_barrier()
-  finally:  # this thread's failure is raised after the wait, not instead
-    me = threading.current_thread()
-    with _lock:
-      states = [(t, s) for t, s in _thread_token_states.items() if t is not me]
-    for _, state in states:
-      for token in _pending_tokens(state):
-        try:
-          token.block_until_ready()
-        except jax.errors.JaxRuntimeError:
-          pass  # reported to the thread that dispatched it
-
-
-# ---------------------------------------------------------------------------
-# declare_effect / mark_shardable
-# ---------------------------------------------------------------------------
-
-
-class _UserEffectEdits:
-  """The effect-table memberships asked for by `declare_effect` / `mark_shardable`.
-
-  One registry edit standing for all of them, so that `uninstall()` removes
-  user effects from JAX's tables too and `install()` puts them back.
-  """
-
-  name = "declared effects"
-
-  def __init__(self):
-    self.edits: list[jax_effects.EffectTypeSetEdit] = []
-    self.applied = False
-
-  def add(self, edit: jax_effects.EffectTypeSetEdit) -> None:
-    with _lock:
-      self.edits.append(edit)
-      if self.applied:
-        edit.apply()
-
-  def apply(self) -> None:
-    with _lock:
-      for edit in self.edits:
-        edit.apply()
-      self.applied = True
-
-  def revert(self) -> None:
-    with _lock:
-      for edit in reversed(self.edits):
-        edit.revert()
-      self.applied = False
-
-
-_user_edits = _UserEffectEdits()
-_declared: dict[str, tuple[type, dict[str, bool]]] = {}
-_shardable_marked: set[type] = set()
-
-_OPTION_SETS = (
-    ("ordered", "ordered_effects"),
-    ("shardable", "shardable_ordered_effects"),
-    ("lowerable", "lowerable_effects"),
-    ("control_flow", "control_flow_allowed_effects"),
-    ("custom_derivatives", "custom_derivatives_allowed_effects"),
-    ("remat", "remat_allowed_effects"),
-)
-
-
-def _effect_eq(self, other):
-  return type(self) is type(other)
-
-
-def _effect_hash(self):
-  return hash(type(self))
-
-
-def _effect_str(self):
-  return type(self).__name__
-
-
-@jax_tracebacks.api_boundary
-def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
-                   lowerable: bool = True, control_flow: bool = True,
-                   custom_derivatives: bool = True, remat: bool = True) -> type:
-  """Create an effect type named `name` and add it to JAX's effect tables.
-
-  The type joins `ordered_effects` (if `ordered`), `shardable_ordered_effects`
-  (if `shardable`), `lowerable_effects`, `control_flow_allowed_effects`,
-  `custom_derivatives_allowed_effects`, `remat_allowed_effects` (each if its
-  flag is set), and always `partial_eval_kept_effects` where this JAX has it
-  (that keeps an equation with the effect through dead-code elimination).
-  All instances of the returned type are equal, so they share one token:
-  effects of this type are ordered among themselves, not against other types.
-
-  Args:
-    name: the class name (a Python identifier).
-    ordered: thread a token through computations so effects keep program order.
-    shardable: allow the ordered effect in computations over several devices
-      (program order per device; unordered across devices at one point).
-      Requires `ordered=True`.
-    lowerable: the effect may appear in a lowered computation.
-    control_flow: allowed inside `lax.scan`, `while_loop`, `cond`.
-    custom_derivatives: allowed inside `custom_jvp` / `custom_vjp` functions.
-    remat: allowed inside `jax.checkpoint`.
-
-  Returns:
-    The effect type (a subclass of `jax.extend.core.Effect`). Declaring the
-    same name again with the same options returns the same type.
-
-  Raises:
-    TypeError: `name` is not a string, or an option is not a bool.
-    ValueError: `name` is not an identifier, `shardable=True` without
-      `ordered=True`, or `name` was declared before with other options.
-  """
-  if not isinstance(name, str):
-    raise TypeError(
-        f"`declare_effect(name, ...)` needs the effect's name as a string, got "
-        f"{type(name).__name__} {name!r}. Example: `declare_effect('MyLogEffect', ordered=True)`.")
-  if not name.isidentifier():
-    raise ValueError(
-        f"`declare_effect` names the effect class, so {name!r} must be a Python "
-        "identifier. Example: `declare_effect('MyLogEffect', ordered=True)`.")
-  options = dict(ordered=ordered, shardable=shardable, lowerable=lowerable,
-                 control_flow=control_flow, custom_derivatives=custom_derivatives,
-                 remat=remat)
-  for key, value in options.items():
-    if not isinstance(value, bool):
-      raise TypeError(f"`declare_effect({name!r}, {key}=...)` must be True or False, got {value!r}.")
-  if shardable and not ordered:
-    raise ValueError(
-        f"`declare_effect({name!r}, shardable=True, ordered=False)`: only an "
-        "ordered effect can be shardable (shardable relaxes the single-device "
-        "rule for ordered effects; unordered effects already run on any number "
-        "of devices). Pass `ordered=True`, or drop `shardable=True`.")
-  with _lock:
-    if name in _declared:
-      typ, previous = _declared[name]
-      if previous == options:
-        return typ
-      diff = ", ".join(f"{k}={previous[k]} (now {options[k]})"
-                       for k in options if previous[k] != options[k])
-      raise ValueError(
-          f"Effect {name!r} was already declared with different options: {diff}. "
-          "Declare it with the same options, or use a new name.")
-    typ = type(name, (jax_effects.Effect,), {
-        "__module__": "jax_sharding_ext",
-        "__qualname__": name,
-        "__doc__": f"Effect declared by `jax_sharding_ext.declare_effect({name!r}, ...)`.",
-        "__eq__": _effect_eq,
-        "__hash__": _effect_hash,
-        "__str__": _effect_str,
-        "__repr__": _effect_str,
-    })
-    for option, set_name in _OPTION_SETS:
-      if options[option]:
-        _user_edits.add(jax_effects.EffectTypeSetEdit(set_name, typ))
-    _user_edits.add(jax_effects.EffectTypeSetEdit("partial_eval_kept_effects", typ))
-    _declared[name] = (typ, options)
-  return typ
-
-
-def _is_ordered_type(effect_type: type) -> bool:
-  for typ, options in _declared.values():
-    if typ is effect_type:
-      return options["ordered"]
-  return any(issubclass(effect_type, t) for t in jax_effects.effect_types_in("ordered_effects"))
-
-
-@jax_tracebacks.api_boundary
-def mark_shardable(effect_type: type) -> type:
-  """Declare the existing ordered effect type `effect_type` shardable.
-
-  Effects of that type are then allowed in computations over several devices:
-  program order is kept per device; across devices at one program point there
-  is no order. The primitive carrying the effect must give its side-effecting
-  op a sharding in its lowering (as `io_callback` does), or XLA rejects it.
-  Undone by `uninstall()`, redone by `install()`.
-
-  Args:
-    effect_type: a subclass of `jax.extend.core.Effect` that is ordered (in
-      `ordered_effects`).
-
-  Returns:
-    `effect_type`.
-
-  Raises:
-    TypeError: `effect_type` is not an effect class.
-    ValueError: `effect_type` is not ordered.
-  """
-  if not (isinstance(effect_type, type) and issubclass(effect_type, jax_effects.Effect)):
-    raise TypeError(
-        f"`mark_shardable(effect_type)` needs an effect class (a subclass of "
-        f"`jax.extend.core.Effect`), got {effect_type!r}. Pass the class, not an "
-        "instance: `mark_shardable(type(my_effect))`.")
-  if not _is_ordered_type(effect_type):
-    raise ValueError(
-        f"`mark_shardable({effect_type.__name__})`: the effect is not ordered, and "
-        "only ordered effects can be shardable (unordered effects already run on "
-        "any number of devices). Declare it with "
-        f"`declare_effect({effect_type.__name__!r}, ordered=True, shardable=True)`.")
-  with _lock:
-    if effect_type not in _shardable_marked:
-      _shardable_marked.add(effect_type)
-      _user_edits.add(jax_effects.EffectTypeSetEdit("shardable_ordered_effects", effect_type))
-  return effect_type
-
-
-# ---------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------
 
@@ -779,6 +449,6 @@ def table_edits() -> list:
     make_rule = _make_lowering(prim, effect_of)
     for platform in jax_effects.lowering_platforms(prim):
       edits.append(jax_effects.LoweringEdit(prim, platform, make_rule))
-  edits.append(_RuntimeTokensEdit())
-  edits.append(_user_edits)
+  edits.append(_barrier._RuntimeTokensEdit())
+  edits.append(_user_effects._user_edits)
   return edits

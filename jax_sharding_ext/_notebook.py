@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from jax_sharding_ext import _effects, _ipython
+from jax_sharding_ext import _barrier, _ipython
 from jax_sharding_ext._jax import config as jax_config
 
 FLAG_NAME = "jax_sharding_ext_cell_effects_barrier"
@@ -34,7 +34,7 @@ def _end_of_cell(result=None) -> None:
   if not cell_effects_barrier.value:
     return
   try:
-    _effects.effects_barrier()
+    _barrier.effects_barrier()
   except Exception as e:  # an effect of this cell failed: say so in this cell
     print(f"jax_sharding_ext: an effect dispatched by this cell failed: "
           f"{type(e).__name__}: {e}", file=sys.stderr)

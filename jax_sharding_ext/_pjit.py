@@ -36,7 +36,8 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from jax_sharding_ext._donation import rebase_donate_argnums
-from jax_sharding_ext._gda import FROM_GDA, GlobalDeviceArray, _FromGda, _Sentinel
+from jax_sharding_ext._gda import GlobalDeviceArray
+from jax_sharding_ext._gda_base import FROM_GDA, _FromGda, _Sentinel
 from jax_sharding_ext._jax import donation as jax_donation
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
-from jax_sharding_ext import _effects
+from jax_sharding_ext import _barrier
 from jax_sharding_ext._jax import effects as jax_effects
 from jax_sharding_ext._jax import frames as jax_frames
 
@@ -776,13 +776,13 @@ def test_uninstall_restores_stock_behaviour_and_tables(fresh_registry, mesh_2d, 
   assert not any(e.rule.__name__.startswith("jax_sharding_ext_") for e in stock.values())
   assert jax_effects.OrderedDebugEffect not in jax_effects.effect_types_in("shardable_ordered_effects")
   assert jax_effects.debug_callback_p not in jax_effects.prim_requires_devices_during_lowering
-  assert not isinstance(jax_effects.get_runtime_tokens(), _effects._TrackedRuntimeTokens)
+  assert not isinstance(jax_effects.get_runtime_tokens(), _barrier._TrackedRuntimeTokens)
   with pytest.raises(ValueError, match=STOCK_ERROR):
     jax.jit(_two_prints)(x)
   with pytest.raises(RuntimeError, match="install"):
     jax.jit(lambda v: jse.sharded_callback(print, v))(x)
   jse.install()
-  assert isinstance(jax_effects.get_runtime_tokens(), _effects._TrackedRuntimeTokens)
+  assert isinstance(jax_effects.get_runtime_tokens(), _barrier._TrackedRuntimeTokens)
   jax.jit(_two_prints)(x)
   assert _lines(capfd) == ["first 2016.0", "second 4032.0"]
   jse.uninstall()

@@ -380,7 +380,7 @@ devices), the tokens it returns carry the error for good.
 `block_until_ready()` raises before `clear()`, so every later barrier raises
 it again (and twice at exit), and `get_token_input` hands the failed token to
 the next computation with that effect, which then fails without running.
-`_effects._TrackedRuntimeTokens` overrides both."""
+`_barrier._TrackedRuntimeTokens` overrides both."""
 
 
 def failed_token_error(token: Any) -> BaseException | None:
