@@ -339,6 +339,19 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
     raise RuntimeError(
         "`sharded_callback` needs jax_sharding_ext installed, but it was "
         "uninstalled. Call `jax_sharding_ext.install()` first.")
+  x = _checked_callback_args(fn, x, sharding, ordered)
+  if isinstance(x, jax.core.Tracer):
+    effect = jax_effects.ordered_debug_effect if ordered else jax_effects.debug_effect
+    jax_effects.debug_callback_p.bind(x, callback=_ShardedCallback(fn, sharding),
+                                      effect=effect, partitioned=False)
+  else:
+    _eager_sharded_callback(fn, x, sharding, ordered)
+  return None
+
+
+def _checked_callback_args(fn, x, sharding, ordered) -> Any:
+  """`sharded_callback`'s arguments checked; `x` as a `jax.Array`, tracer or
+  numpy array."""
   if not callable(fn):
     raise TypeError(
         f"`sharded_callback(fn, x)` needs a callable `fn(data, index, device)`, "
@@ -373,11 +386,11 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
       raise ValueError(
           f"`sharded_callback(..., sharding={sharding})` does not fit a value of "
           f"shape {tuple(x.shape)}: {e}") from None
-  if isinstance(x, jax.core.Tracer):
-    effect = jax_effects.ordered_debug_effect if ordered else jax_effects.debug_effect
-    jax_effects.debug_callback_p.bind(x, callback=_ShardedCallback(fn, sharding),
-                                  effect=effect, partitioned=False)
-    return None
+  return x
+
+
+def _eager_sharded_callback(fn, x, sharding, ordered) -> None:
+  """Outside `jit`: wait for earlier ordered effects, then visit each shard."""
   if isinstance(x, jax.Array):
     if sharding is not None and not x.sharding.is_equivalent_to(sharding, x.ndim):
       x = jax.device_put(x, sharding)
@@ -391,7 +404,6 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
     jax.effects_barrier()  # effects dispatched before this call run first
   for shard in x.addressable_shards:
     fn(np.asarray(shard.data), shard.index, shard.device)
-  return None
 
 
 # ---------------------------------------------------------------------------

@@ -428,6 +428,31 @@ class _Pjit:
     return None
 
 
+def _jit_options(fun, static_argnums, donate_argnums, static_argnames, donate_argnames,
+                 **jit_kwargs) -> tuple:
+  """The static / donated arguments checked (stock's rules, plus the negative
+  overlap stock misses), and the keyword arguments for `jax.jit`."""
+  static_nums = _argnums_tuple(static_argnums, "static_argnums")
+  donate_nums = _argnums_tuple(donate_argnums, "donate_argnums")
+  static_names = _argnames_tuple(static_argnames, "static_argnames")
+  donate_names = _argnames_tuple(donate_argnames, "donate_argnames")
+  rebase_donate_argnums([i for i in donate_nums if i >= 0], [i for i in static_nums if i >= 0])
+  _, num_positional = _signature_info(fun)
+  if num_positional:  # negative positions too, when the signature fixes the count
+    _check_static_donate(static_nums, donate_nums, num_positional)
+  both = sorted(set(static_names) & set(donate_names))
+  if both:
+    raise ValueError(
+        f"`static_argnames` {static_names} and `donate_argnames` {donate_names} "
+        f"cannot intersect ({both}): a static argument has no buffer to donate.")
+  jit_kwargs.update(static_argnums=static_nums or None, donate_argnums=donate_nums or None)
+  if static_names:
+    jit_kwargs["static_argnames"] = static_names
+  if donate_names:
+    jit_kwargs["donate_argnames"] = donate_names
+  return static_nums, donate_nums, static_names, donate_names, jit_kwargs
+
+
 @jax_tracebacks.api_boundary
 def pjit(fun: Callable,
          in_axis_resources: Any = _UNSPECIFIED,
@@ -483,26 +508,9 @@ def pjit(fun: Callable,
                                      "in_axis_resources", "in_shardings")
   out_name, out_specs = _pick_spelling(out_axis_resources, out_shardings,
                                        "out_axis_resources", "out_shardings")
-  static_nums = _argnums_tuple(static_argnums, "static_argnums")
-  donate_nums = _argnums_tuple(donate_argnums, "donate_argnums")
-  static_names = _argnames_tuple(static_argnames, "static_argnames")
-  donate_names = _argnames_tuple(donate_argnames, "donate_argnames")
-  rebase_donate_argnums([i for i in donate_nums if i >= 0], [i for i in static_nums if i >= 0])
-  _, num_positional = _signature_info(fun)
-  if num_positional:  # negative positions too, when the signature fixes the count
-    _check_static_donate(static_nums, donate_nums, num_positional)
-  both = sorted(set(static_names) & set(donate_names))
-  if both:
-    raise ValueError(
-        f"`static_argnames` {static_names} and `donate_argnames` {donate_names} "
-        f"cannot intersect ({both}): a static argument has no buffer to donate.")
-
-  jit_kwargs = dict(static_argnums=static_nums or None, donate_argnums=donate_nums or None,
-                    keep_unused=keep_unused, inline=inline)
-  if static_names:
-    jit_kwargs["static_argnames"] = static_names
-  if donate_names:
-    jit_kwargs["donate_argnames"] = donate_names
+  static_nums, donate_nums, static_names, donate_names, jit_kwargs = _jit_options(
+      fun, static_argnums, donate_argnums, static_argnames, donate_argnames,
+      keep_unused=keep_unused, inline=inline)
   state = _Pjit(fun, in_name, in_specs, out_name, out_specs, static_nums, donate_nums,
                 static_names, donate_names, jit_kwargs)
 
