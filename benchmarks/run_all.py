@@ -4,7 +4,7 @@ Runs each `bench_*.py` module's `run()` in this process (the import-time
 benchmark starts its own fresh subprocesses), prints their output as it goes,
 then writes a markdown report: date, versions, machine, device count, one row
 per (benchmark, variant) with its median and ratio, and whether each target of
-issues 3-6 and 12 was met.
+issues 3-6, 12 and 15 was met.
 
 Run: `make bench`, or `.venv/bin/python benchmarks/run_all.py [--quick]
 [--only NAME ...] [--output PATH]`. `--quick` uses far fewer iterations (a
@@ -36,6 +36,7 @@ BENCHES: list[tuple[str, dict, dict]] = [
     ("bench_donation", {"steps": 50, "mib": 64}, {"steps": 10, "mib": 64}),
     ("bench_construction", {"reps": 21}, {"reps": 5}),
     ("bench_checkpoint", {"reps": 15}, {"reps": 3}),
+    ("bench_train_loop", {"n": 400}, {"n": 50}),
     ("bench_import", {"runs": 21}, {"runs": 5}),
 ]
 
@@ -134,6 +135,11 @@ TARGETS: list[Target] = [
            ">= 0.95x", _ratio("checkpoint restore", "serialization.run_deserialization (GDA)",
                               "stock run_deserialization"),
            "{:.2f}x", lambda v: v >= 0.95),
+    *[Target(15, f"training loop, {d} device(s), 20 donated leaves, {size}: GDA / jax.Array",
+             "<= 1.10x", _ratio(f"training loop, {d} device(s), 20 donated leaves, {size}",
+                                "GlobalDeviceArray", "jax.Array"),
+             "{:.2f}x", lambda v: v <= 1.10)
+      for d in (1, 8) for size in ("big", "small")],
     Target(6, "import time added by `import jax_sharding_ext` to `import jax`", "< 10%",
            lambda r: 100 * (r.median("import time", "import jax; import jax_sharding_ext")
                             / r.median("import time", "import jax") - 1),
@@ -188,7 +194,7 @@ def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: boo
       f"- Devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}); "
       f"XLA_FLAGS=`{env['XLA_FLAGS']}`",
       "",
-      "## Targets (issues 3-6 and 12)",
+      "## Targets (issues 3-6, 12 and 15)",
       "",
       "| Issue | Target | Goal | Measured | Status |",
       "|---|---|---|---|---|",
