@@ -49,6 +49,9 @@ from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, layout
 from jax_sharding_ext._surface import _ArraySurface
 
+_FROM_SHARDING = object()
+"""`_mesh_axes` of a GDA made by `_wrap` until first read: the array's spec."""
+
 
 class _GdaMeta(type):
   """Lets jit's C++ dispatch rebuild GDA outputs without a public constructor change.
@@ -129,10 +132,10 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
     Also how jit's C++ path rebuilds every GDA output, so `_init` is inlined.
     """
     self = object.__new__(cls)
-    sharding = arr.sharding
     self._arr = arr
-    self._mesh = sharding.mesh
-    self._mesh_axes = sharding.spec if mesh_axes is None else mesh_axes
+    self._mesh = None  # read from `arr.sharding` on first use (`mesh`)
+    # `_FROM_SHARDING`: read `arr.sharding.spec` on first use (`mesh_axes`).
+    self._mesh_axes = _FROM_SHARDING if mesh_axes is None else mesh_axes
     self._local_shards = None
     self._host_fetched = False
     return self
@@ -343,11 +346,17 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
 
   @property
   def mesh(self) -> Mesh:
-    return self._mesh
+    mesh = self._mesh
+    if mesh is None:
+      mesh = self._mesh = self._arr.sharding.mesh
+    return mesh
 
   @property
   def mesh_axes(self) -> MeshAxes:
-    return self._mesh_axes
+    axes = self._mesh_axes
+    if axes is _FROM_SHARDING:
+      axes = self._mesh_axes = self._arr.sharding.spec
+    return axes
 
   @property
   def sharding(self) -> NamedSharding:
@@ -371,12 +380,12 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
     arr = self._checked_array("read its local shards")
     shards = self._local_shards
     if shards is None:
-      lay = layout(self.shape, self._mesh, self._mesh_axes)
+      lay = layout(self.shape, self.mesh, self.mesh_axes)
       indices, rids = lay.indices, lay.replica_ids
-      pos = {d: i for i, d in enumerate(self._mesh.devices.flat)}
+      pos = {d: i for i, d in enumerate(self.mesh.devices.flat)}
       data = {s.device: s.data for s in arr.addressable_shards}
       shards = [Shard(d, indices[pos[d]], rids[pos[d]], data[d])
-                for d in self._mesh.local_devices]
+                for d in self.mesh.local_devices]
       self._local_shards = shards
     return list(shards)
 
@@ -386,10 +395,10 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
   def global_shards(self) -> list[Shard]:
     """Every device's shard; `data` is None for devices of other processes."""
     local = {s.device: s for s in self.local_shards}
-    lay = layout(self.shape, self._mesh, self._mesh_axes)
+    lay = layout(self.shape, self.mesh, self.mesh_axes)
     indices, rids = lay.indices, lay.replica_ids
     return [local.get(d) or Shard(d, idx, rid, None)
-            for d, idx, rid in zip(self._mesh.devices.flat, indices, rids, strict=True)]
+            for d, idx, rid in zip(self.mesh.devices.flat, indices, rids, strict=True)]
 
   def local_data(self, i: int) -> jax.Array:
     """The data of local shard `i` (Python indexing) as a single-device array."""
@@ -405,7 +414,10 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
   addressable_data = local_data
 
   def block_until_ready(self) -> GlobalDeviceArray:
-    self._checked_array("wait for it").block_until_ready()
+    arr = self._arr
+    if arr.is_deleted():
+      self._checked_array("wait for it")  # raises the GDA-era error
+    arr.block_until_ready()
     return self
 
   def copy_to_host_async(self) -> None:
@@ -424,12 +436,12 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
     return self._arr.devices()
 
   def __copy__(self) -> GlobalDeviceArray:
-    return type(self)._wrap(copy.copy(self._checked_array("copy it")), self._mesh_axes)
+    return type(self)._wrap(copy.copy(self._checked_array("copy it")), self.mesh_axes)
 
   def __deepcopy__(self, memo) -> GlobalDeviceArray:
     """A GDA with new device buffers holding the same values (as `jax.Array`)."""
     arr = copy.deepcopy(self._checked_array("copy it"), memo)
-    return type(self)._wrap(arr, copy.deepcopy(self._mesh_axes, memo))
+    return type(self)._wrap(arr, copy.deepcopy(self.mesh_axes, memo))
 
   def __array__(self, dtype=None, copy=None) -> np.ndarray:
     if copy is False:
@@ -458,8 +470,8 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
 
   def __repr__(self) -> str:
     return (f"GlobalDeviceArray(shape={self.shape}, dtype={self.dtype}, "
-            f"global_mesh_shape={dict(self._mesh.shape)}, "
-            f"mesh_axes={self._mesh_axes!r}{self._deleted_note()})")
+            f"global_mesh_shape={dict(self.mesh.shape)}, "
+            f"mesh_axes={self.mesh_axes!r}{self._deleted_note()})")
 
   def _deleted_note(self) -> str:
     # Stock `jax.Array` raises in repr once deleted; a notebook must still be
@@ -475,9 +487,9 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
     `jax.Array` on the default device, as stock unpickles any array.
     """
     value = self.__array__()
-    mesh = self._mesh
+    mesh = self.mesh
     ids = np.vectorize(lambda d: d.id, otypes=[int])(mesh.devices)
-    return (_unpickle, (value, ids, tuple(mesh.axis_names), self._mesh_axes))
+    return (_unpickle, (value, ids, tuple(mesh.axis_names), self.mesh_axes))
 
   def _repr_html_(self) -> str:
     from jax_sharding_ext._html import gda_html
