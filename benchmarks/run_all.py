@@ -135,6 +135,10 @@ TARGETS: list[Target] = [
            ">= 0.95x", _ratio("checkpoint restore", "serialization.run_deserialization (GDA)",
                               "stock run_deserialization"),
            "{:.2f}x", lambda v: v >= 0.95),
+    Target(15, "open ledger, added per recorded transfer (enter + record + exit)", "<= 15 us",
+           lambda r: (r.median("ledger on a GDA implicit fetch", "GDA fetch in its own ledger")
+                      - r.median("ledger on a GDA implicit fetch", "GDA fetch, no ledger open")),
+           "{:.2f} us", lambda v: v <= 15),
     *[Target(15, f"training loop, {d} device(s), 20 donated leaves, {size}: GDA / jax.Array",
              "<= 1.10x", _ratio(f"training loop, {d} device(s), 20 donated leaves, {size}",
                                 "GlobalDeviceArray", "jax.Array"),
