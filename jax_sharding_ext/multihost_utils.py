@@ -107,26 +107,24 @@ def _host_value(x: Any, fn: str) -> Any:
   return np.asarray(jax.device_get(x))
 
 
+def _impl_keeping_gdas(stock_impl, arr, global_mesh, pspec):
+  if not _is_gda(arr):
+    return stock_impl(arr, global_mesh=global_mesh, pspec=pspec)
+  return _as_gda(stock_impl(arr.to_jax_array(), global_mesh=global_mesh, pspec=pspec))
+
+
 def host_local_array_to_global_array_impl(
     arr: Any, *, global_mesh: jax.sharding.Mesh, pspec: Any):
   """Stock's impl, with a GDA in giving a GDA out."""
-  if not _is_gda(arr):
-    return _stock.host_local_array_to_global_array_impl(
-        arr, global_mesh=global_mesh, pspec=pspec)
-  out = _stock.host_local_array_to_global_array_impl(
-      arr.to_jax_array(), global_mesh=global_mesh, pspec=pspec)
-  return _as_gda(out)
+  return _impl_keeping_gdas(_stock.host_local_array_to_global_array_impl, arr,
+                            global_mesh, pspec)
 
 
 def global_array_to_host_local_array_impl(
     arr: Any, *, global_mesh: jax.sharding.Mesh, pspec: Any):
   """Stock's impl, with a GDA in giving a GDA (on the local mesh) out."""
-  if not _is_gda(arr):
-    return _stock.global_array_to_host_local_array_impl(
-        arr, global_mesh=global_mesh, pspec=pspec)
-  out = _stock.global_array_to_host_local_array_impl(
-      arr.to_jax_array(), global_mesh=global_mesh, pspec=pspec)
-  return _as_gda(out)
+  return _impl_keeping_gdas(_stock.global_array_to_host_local_array_impl, arr,
+                            global_mesh, pspec)
 
 
 @jax_tracebacks.api_boundary
