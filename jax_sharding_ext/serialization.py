@@ -69,7 +69,6 @@ __all__ = [
 ]
 
 TS_CONTEXT = _stock.TS_CONTEXT
-_REMOVED_VALUE = "Value removed"
 _CHECKPOINT_SUCCESS = _stock._CHECKPOINT_SUCCESS
 _LimitInFlightBytes = _stock._LimitInFlightBytes
 _spec_has_metadata = _ts_impl._spec_has_metadata
