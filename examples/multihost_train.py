@@ -15,7 +15,10 @@ host0:port`, and no virtual devices):
 - the parameters are a replicated GlobalDeviceArray donated to every jitted
   step (the old parameters' buffers are reused);
 - metrics come back with `process_allgather`: the global loss (the same on
-  every host) and each host's own count of examples.
+  every host) and each host's own count of examples;
+- the trained parameters are checkpointed with
+  `serialization.GlobalAsyncCheckpointManager` (each host writes its own
+  shards, process 0 commits once all are done) and restored resharded.
 
 The output is deterministic: the same numbers on every run.
 """
@@ -32,7 +35,8 @@ GLOBAL_BATCH, FEATURES, STEPS, LR = 32, 8, 5, 0.1
 CONFIG = {"global_batch": GLOBAL_BATCH, "features": FEATURES, "steps": STEPS}
 
 
-def train(process_id: int, num_processes: int, coordinator: str, log=sys.stdout) -> None:
+def train(process_id: int, num_processes: int, coordinator: str, log=sys.stdout,
+          ckpt_dir: str | None = None) -> None:
   import functools
 
   import jax
@@ -100,6 +104,25 @@ def train(process_id: int, num_processes: int, coordinator: str, log=sys.stdout)
   multihost_utils.assert_equal(final_w, "hosts disagree on the trained weights")
   say(f"|w - true_w| = {np.linalg.norm(final_w - true_w):.4f}; "
       f"all {num_processes} hosts hold the same weights")
+
+  if ckpt_dir is not None:
+    # Save in the background (each host writes its own shards), commit once
+    # every host is done (process 0 renames the directory), restore resharded.
+    from jax_sharding_ext import serialization  # pip install 'jax-sharding-ext[checkpoint]'
+
+    name = f"step_{STEPS}"
+    tmp, final = os.path.join(ckpt_dir, name + ".tmp"), os.path.join(ckpt_dir, name)
+    manager = serialization.GlobalAsyncCheckpointManager(timeout_secs=60)
+    manager.serialize([w], [serialization.get_tensorstore_spec(os.path.join(tmp, "w"))],
+                      on_commit_callback=lambda: os.rename(tmp, final))
+    manager.wait_until_finished()
+    restored, = manager.deserialize([mesh], [P("data")],
+                                    [serialization.get_tensorstore_spec(os.path.join(final, "w"))])
+    same = bool(np.array_equal(multihost_utils.process_allgather(restored), final_w))
+    multihost_utils.assert_equal(np.bool_(same), "hosts disagree on the restored weights")
+    say(f"checkpoint {name}: saved by {num_processes} hosts, restored as "
+        f"{type(restored).__name__} with mesh_axes {restored.mesh_axes}: "
+        f"{'equal' if same else 'DIFFERENT'} to the trained weights")
   multihost_utils.sync_global_devices("multihost_train done")
 
 
@@ -118,7 +141,8 @@ def launch(timeout: float = 120) -> int:
     report = os.path.join(tmp, "report.txt")
     procs = [subprocess.Popen(
         [sys.executable, __file__, "--process-id", str(i), "--num-processes",
-         str(NUM_PROCESSES), "--coordinator", f"127.0.0.1:{port}", "--report", report],
+         str(NUM_PROCESSES), "--coordinator", f"127.0.0.1:{port}", "--report", report,
+         "--ckpt-dir", os.path.join(tmp, "checkpoints")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(NUM_PROCESSES)]
     try:
@@ -142,11 +166,13 @@ if __name__ == "__main__":
   parser.add_argument("--coordinator", default=None, help="host:port of process 0")
   parser.add_argument("--report", default=None, help="file for process 0's report "
                       "(default: stdout)")
+  parser.add_argument("--ckpt-dir", default=None, help="a directory every host can "
+                      "write (shared storage on a real cluster); omitted: no checkpoint")
   args = parser.parse_args()
   if args.process_id is None:
     sys.exit(launch())
   if args.report and args.process_id == 0:
     with open(args.report, "w") as log:
-      train(args.process_id, args.num_processes, args.coordinator, log)
+      train(args.process_id, args.num_processes, args.coordinator, log, args.ckpt_dir)
   else:
-    train(args.process_id, args.num_processes, args.coordinator)
+    train(args.process_id, args.num_processes, args.coordinator, ckpt_dir=args.ckpt_dir)

@@ -37,3 +37,5 @@ def test_multihost_train_runs_two_processes_deterministically():
   losses = [float(x) for x in re.findall(r"^step \d+  loss (\S+)", out, re.M)]
   assert len(losses) == 5 and losses == sorted(losses, reverse=True), out
   assert "examples per host [80, 80]" in out and "all 2 hosts hold the same weights" in out
+  assert ("checkpoint step_5: saved by 2 hosts, restored as GlobalDeviceArray with "
+          "mesh_axes P('data',): equal to the trained weights") in out
