@@ -8,6 +8,12 @@ Three versions of the same jitted step, side by side in one run:
   shardable ordered effect);
 * `none`: no callback.
 
+And per-shard callbacks: two `jax_sharding_ext.sharded_callback(fn, x)` (one
+host call per shard, with its index and device) against stock's way to make
+the same per-shard calls, two `io_callback(..., ordered=True)` inside a
+`shard_map` that passes each device's mesh position. Target (issue 15):
+`sharded_callback` within 1.2x of the stock `shard_map` version.
+
 Each sample times a batch of calls followed by `block_until_ready()` on the
 last result and `jax.effects_barrier()`, so every callback has run. Samples of
 the three versions are interleaved (`_common.interleaved`: the order flips
@@ -27,11 +33,13 @@ from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import jax_sharding_ext  # noqa: F401  (makes ordered debug callbacks shardable)
+import jax_sharding_ext  # makes ordered debug callbacks shardable
 
 DEBUG = "debug.callback x2 (ordered)"
 IO = "io_callback x2 (ordered)"
 NONE = "no callback"
+SHARDED = "sharded_callback x2"
+STOCK_SHARDED = "io_callback x2 in shard_map (ordered)"
 
 
 def _sink(*args):
@@ -54,6 +62,29 @@ def step_io(x):
   y = jnp.sin(x) * 2.0 + 1.0
   io_callback(_sink, None, y.max(), ordered=True)
   return y
+
+
+def _shard_sink(data, index, device):
+  del data, index, device
+
+
+def _step_sharded(sharding):
+  def step(x):
+    jax_sharding_ext.sharded_callback(_shard_sink, x)  # a jit argument: shards known
+    y = jnp.sin(x) * 2.0 + 1.0
+    jax_sharding_ext.sharded_callback(_shard_sink, y, sharding=sharding)
+    return y
+  return step
+
+
+def _stock_sharded(mesh):
+  def body(v):
+    i, j = jax.lax.axis_index("x"), jax.lax.axis_index("y")
+    io_callback(_sink, None, v, i, j, ordered=True)
+    w = jnp.sin(v) * 2.0 + 1.0
+    io_callback(_sink, None, w, i, j, ordered=True)
+    return w
+  return jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y"))
 
 
 def _batch(fn, x, calls: int):
@@ -86,6 +117,19 @@ def run(calls: int = 200, rounds: int = 15) -> list[dict]:
         f"{'ok' if ratio <= 1.2 else 'MISSED'})")
   print(f"  debug.callback / no callback = {per_call[DEBUG] / per_call[NONE]:.3f}x")
   print(f"  io_callback    / no callback = {per_call[IO] / per_call[NONE]:.3f}x")
+
+  sharded = {SHARDED: jax.jit(_step_sharded(x.sharding)),
+             STOCK_SHARDED: jax.jit(_stock_sharded(mesh))}
+  for fn in sharded.values():
+    _batch(fn, x, 5)()
+  calls_sharded = max(1, calls // 4)  # 16 host calls per call: fewer calls per sample
+  res = _common.interleaved({k: _batch(fn, x, calls_sharded) for k, fn in sharded.items()},
+                            n=rounds, warmup=0)
+  per_call = {k: v / calls_sharded for k, v in res.items()}
+  rows += _common.report("per-shard callbacks, 8 devices, per call", per_call, STOCK_SHARDED)
+  ratio = per_call[SHARDED] / per_call[STOCK_SHARDED]
+  print(f"  sharded_callback / stock shard_map io_callback = {ratio:.3f}x  (target <= 1.2x: "
+        f"{'ok' if ratio <= 1.2 else 'MISSED'})")
   return rows
 
 

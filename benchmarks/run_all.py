@@ -135,6 +135,10 @@ TARGETS: list[Target] = [
            ">= 0.95x", _ratio("checkpoint restore", "serialization.run_deserialization (GDA)",
                               "stock run_deserialization"),
            "{:.2f}x", lambda v: v >= 0.95),
+    Target(15, "2 sharded_callback / 2 ordered io_callback in shard_map, 8 devices, per call",
+           "<= 1.2x", _ratio("per-shard callbacks", "sharded_callback x2",
+                             "io_callback x2 in shard_map (ordered)"),
+           "{:.2f}x", lambda v: v <= 1.2),
     Target(15, "open ledger, added per recorded transfer (enter + record + exit)", "<= 15 us",
            lambda r: (r.median("ledger on a GDA implicit fetch", "GDA fetch in its own ledger")
                       - r.median("ledger on a GDA implicit fetch", "GDA fetch, no ledger open")),

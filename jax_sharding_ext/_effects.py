@@ -186,17 +186,19 @@ class _ShardedCallback:
 
 
 class _LocalShardCallback:
-  """The per-device host callback: maps mesh position to (index, device)."""
+  """The per-device host callback: maps the device's flat position in the mesh
+  (one scalar operand, computed on the device) to (index, device), both
+  looked up once at lowering time."""
 
   def __init__(self, fn: Callable[..., Any], mesh: Mesh, spec: PartitionSpec,
                shape: tuple[int, ...]):
     self.fn = fn
-    self.devices = mesh.devices
-    self.indices = NamedSharding(mesh, spec).devices_indices_map(tuple(shape))
+    indices = NamedSharding(mesh, spec).devices_indices_map(tuple(shape))
+    self.shards = [(indices[d], d) for d in mesh.devices.flat]
 
-  def __call__(self, data, *position):
-    device = self.devices[tuple(int(p) for p in position)]
-    self.fn(np.asarray(data), self.indices[device], device)
+  def __call__(self, data, position):
+    index, device = self.shards[int(position)]
+    self.fn(np.asarray(data), index, device)
 
 
 def _mesh_of(devices, names) -> Mesh:
@@ -267,9 +269,11 @@ def _lower_sharded_callback(ctx, x, *, callback, effect, partitioned):
   local = _LocalShardCallback(callback.fn, mesh, spec, aval.shape)
 
   def body(x_local):
-    position = [lax.axis_index(name) for name in mesh.axis_names]
-    jax_effects.debug_callback_p.bind(x_local, *position, callback=local, effect=effect,
-                                  partitioned=False)
+    position = 0  # row-major flat index of this device in `mesh.devices`
+    for name in mesh.axis_names:
+      position = position * mesh.shape[name] + lax.axis_index(name)
+    jax_effects.debug_callback_p.bind(x_local, position, callback=local, effect=effect,
+                                      partitioned=False)
     return []
 
   def staged(x_global):
