@@ -526,28 +526,3 @@ def _placement(global_shape, mesh, mesh_axes):
   pos = {d: i for i, d in enumerate(mesh.devices.flat)}
   devices = list(mesh.local_devices)
   return lay, devices, [lay.indices[pos[d]] for d in devices]
-
-
-# ---------------------------------------------------------------------------
-# Handlers for JAX's extension tables. Defined next to the type, installed only
-# by `_registry.install()`.
-# ---------------------------------------------------------------------------
-
-
-def _gda_aval(x: GlobalDeviceArray):
-  return jax_tables.array_aval(x._checked_array("use it in a JAX operation"))
-
-
-def _gda_shard_arg(xs, shardings, layouts, copy_semantics):
-  return _transfer.shard_args(xs, shardings, layouts, copy_semantics)
-
-
-def _gda_constant_handler(x: GlobalDeviceArray, aval):
-  # Embedding fetches the value to the host: an implicit transfer.
-  return _transfer.embed_constant(x, aval)
-
-
-def _gda_device_put_default(x: GlobalDeviceArray):
-  # `jax.device_put(gda)` keeps a committed array where it is, as for a
-  # `jax.Array` (stock returns it unchanged, or copies it in place).
-  return x._checked_array("pass it to `jax.device_put`").sharding

@@ -18,7 +18,7 @@ import threading
 
 import jax
 
-from jax_sharding_ext import _effects, _gda, _notebook, _output
+from jax_sharding_ext import _effects, _gda, _notebook, _output, _transfer
 from jax_sharding_ext._jax import dispatch as jax_dispatch
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
@@ -40,20 +40,44 @@ class _ResultHandlerEdit(jax_tables.TableEdit):
     _output._wrapped_result_handler = None
 
 
+# ---------------------------------------------------------------------------
+# Handlers for JAX's extension tables. Installed by `install()` below.
+# ---------------------------------------------------------------------------
+
+
+def _gda_aval(x: _gda.GlobalDeviceArray):
+  return jax_tables.array_aval(x._checked_array("use it in a JAX operation"))
+
+
+def _gda_shard_arg(xs, shardings, layouts, copy_semantics):
+  return _transfer.shard_args(xs, shardings, layouts, copy_semantics)
+
+
+def _gda_constant_handler(x: _gda.GlobalDeviceArray, aval):
+  # Embedding fetches the value to the host: an implicit transfer.
+  return _transfer.embed_constant(x, aval)
+
+
+def _gda_device_put_default(x: _gda.GlobalDeviceArray):
+  # `jax.device_put(gda)` keeps a committed array where it is, as for a
+  # `jax.Array` (stock returns it unchanged, or copies it in place).
+  return x._checked_array("pass it to `jax.device_put`").sharding
+
+
 def _build_edits() -> list:
   GDA = _gda.GlobalDeviceArray
   return [
       jax_tables.TableEdit("pytype_aval_mappings", jax_tables.pytype_aval_mappings, GDA,
-                        _gda._gda_aval),
+                        _gda_aval),
       jax_tables.TableEdit("shard_arg_handlers", jax_tables.shard_arg_handlers, GDA,
-                        _gda._gda_shard_arg),
+                        _gda_shard_arg),
       jax_tables.CanonicalizeEdit(GDA),
       jax_tables.TableEdit("mlir constant handlers", jax_tables.constant_handlers, GDA,
-                        _gda._gda_constant_handler),
+                        _gda_constant_handler),
       _ResultHandlerEdit("global_result_handlers", jax_tables.global_result_handlers,
                          jax_tables.ShapedArray, _output.result_handler),
       jax_dispatch.DispatchNodeEdit(GDA),
-      jax_tables.DevicePutDefaultEdit(GDA, _gda._gda_device_put_default),
+      jax_tables.DevicePutDefaultEdit(GDA, _gda_device_put_default),
       *_effects.table_edits(),
       _notebook.IPythonHookEdit(),
       jax_tracebacks.TracebackExclusionEdit(),
