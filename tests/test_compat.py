@@ -31,7 +31,7 @@ FRAGILE = [
      "jax._src.pmap._cached_shard_map's `_fun` (pmap keeps rejecting ordered effects)"),
     ("frames", "HAS_AOT_CALL_FRAME",
      "pxla.MeshExecutable.call (AOT executables refuse a GDA of another sharding)"),
-    ("frames", "_OF_CACHE_MISS_CODE",
+    ("frames", "_CACHE_MISS_CODES",
      "jax._src.pjit._cpp_pjit's `cache_miss` (which jit the output flag applies to)"),
     ("donation", "HAS_CALL_DONATION_INFO",
      "jax._src.pjit's jit implementation frames holding `donated_invars` (donation of GDAs)"),

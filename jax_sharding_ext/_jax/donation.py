@@ -46,24 +46,25 @@ import dataclasses
 # sets `mesh.get_concrete_mesh()` (public `jax.sharding.get_mesh()`, which
 # refuses to run under a trace, hence the internal spelling).
 # ---------------------------------------------------------------------------
-import sys as _dn_sys
+import sys
 from typing import Any
 
 import jax
-import jax.stages as _dn_stages
-from jax._src import mesh as _dn_mesh
-from jax._src import pjit as _dn_pjit
+import jax.stages as _stages
+from jax._src import mesh as _mesh
+from jax._src import pjit as _pjit
+
+from jax_sharding_ext._jax.frames import code_of, find_frame
 
 
-def _dn_code(owner: Any, name: str) -> Any:
-  return getattr(getattr(owner, name, None), "__code__", None)
+def _codes(*codes: Any) -> frozenset:
+  return frozenset(c for c in codes if c is not None)
 
 
-_DN_JIT_IMPL_CODES = frozenset(
-    c for c in (_dn_code(_dn_pjit, "_pjit_call_impl_python"),
-                _dn_code(_dn_pjit, "_pjit_call_impl")) if c is not None)
-_DN_RUN_PYTHON_PJIT_CODE = _dn_code(_dn_pjit, "_run_python_pjit")
-_DN_COMPILED_CALL_CODE = _dn_code(getattr(_dn_stages, "Compiled", None), "__call__")
+_DN_JIT_IMPL_CODES = _codes(code_of(_pjit, "_pjit_call_impl_python"),
+                            code_of(_pjit, "_pjit_call_impl"))
+_DN_RUN_PYTHON_PJIT_CODES = _codes(code_of(_pjit, "_run_python_pjit"))
+_DN_COMPILED_CALL_CODES = _codes(code_of(getattr(_stages, "Compiled", None), "__call__"))
 
 HAS_CALL_DONATION_INFO = bool(_DN_JIT_IMPL_CODES)
 """True when the jit dispatch frames that carry the donation vector were found."""
@@ -79,16 +80,13 @@ class CallDonation:
 
 
 def _dn_arg_names(frame: Any, n_args: int) -> tuple | None:
-  for _ in range(4):
-    frame = frame.f_back
-    if frame is None:
-      return None
-    if frame.f_code is _DN_RUN_PYTHON_PJIT_CODE:
-      names = getattr(frame.f_locals.get("p"), "arg_names", None)
-      if names is None or len(names) > n_args:
-        return None
-      return ("",) * (n_args - len(names)) + tuple(names)  # constants come first
-  return None
+  frame = find_frame(_DN_RUN_PYTHON_PJIT_CODES, frame.f_back, 4)
+  if frame is None:
+    return None
+  names = getattr(frame.f_locals.get("p"), "arg_names", None)
+  if names is None or len(names) > n_args:
+    return None
+  return ("",) * (n_args - len(names)) + tuple(names)  # constants come first
 
 
 def current_call_donation(max_depth: int = 24) -> CallDonation | None:
@@ -96,28 +94,23 @@ def current_call_donation(max_depth: int = 24) -> CallDonation | None:
 
   Meant to be called from inside a `shard_arg_handlers` entry.
   """
-  frame = _dn_sys._getframe(1)
-  for _ in range(max_depth):
-    if frame is None:
+  frame = find_frame(_DN_JIT_IMPL_CODES | _DN_COMPILED_CALL_CODES, sys._getframe(1),
+                     max_depth)
+  if frame is None:
+    return None
+  loc = frame.f_locals
+  if frame.f_code in _DN_JIT_IMPL_CODES:
+    args, donated = loc.get("args"), loc.get("donated_invars")
+    if args is None or donated is None or len(args) != len(donated):
       return None
-    code = frame.f_code
-    if code in _DN_JIT_IMPL_CODES:
-      loc = frame.f_locals
-      args, donated = loc.get("args"), loc.get("donated_invars")
-      if args is None or donated is None or len(args) != len(donated):
-        return None
-      return CallDonation(tuple(args), tuple(donated), _dn_arg_names(frame, len(args)))
-    if code is _DN_COMPILED_CALL_CODE:
-      loc = frame.f_locals
-      compiled = loc.get("self")
-      args = jax.tree_util.tree_leaves((loc.get("args", ()), loc.get("kwargs", {})))
-      try:
-        donate = set(compiled.donate_argnums)
-      except Exception:  # pragma: no cover - a Compiled without args_info
-        return None
-      return CallDonation(tuple(args), tuple(i in donate for i in range(len(args))), None)
-    frame = frame.f_back
-  return None
+    return CallDonation(tuple(args), tuple(donated), _dn_arg_names(frame, len(args)))
+  compiled = loc.get("self")  # `stages.Compiled.__call__`
+  args = jax.tree_util.tree_leaves((loc.get("args", ()), loc.get("kwargs", {})))
+  try:
+    donate = set(compiled.donate_argnums)
+  except Exception:  # pragma: no cover - a Compiled without args_info
+    return None
+  return CallDonation(tuple(args), tuple(i in donate for i in range(len(args))), None)
 
 
 def context_mesh() -> Any:
@@ -125,8 +118,8 @@ def context_mesh() -> Any:
 
   Returns None when neither is active.
   """
-  mesh = _dn_mesh.thread_resources.env.physical_mesh
+  mesh = _mesh.thread_resources.env.physical_mesh
   if not mesh.empty:
     return mesh
-  mesh = _dn_mesh.get_concrete_mesh()
+  mesh = _mesh.get_concrete_mesh()
   return None if mesh is None or mesh.empty else mesh

@@ -30,15 +30,32 @@ from __future__ import annotations
 # If a JAX release renames these, the `HAS_*` flags below turn False and
 # `tests/test_effects.py` names the function that moved.
 # ---------------------------------------------------------------------------
-import sys as _cb_sys
-import types as _cb_types
+import sys
+import types
 from typing import Any
 
-from jax._src import callback as _fx_callback
-from jax._src import pmap as _cb_pmap
+from jax._src import callback as _callback
+from jax._src import pjit as _pjit
+from jax._src import pmap as _pmap
 from jax._src.interpreters import pxla as _pxla
 
-from jax_sharding_ext._jax.donation import _dn_code, _dn_pjit, _dn_sys
+
+def code_of(owner: Any, name: str) -> Any:
+  """The code object of `owner.name` (a function or method), or None."""
+  return getattr(getattr(owner, name, None), "__code__", None)
+
+
+def find_frame(codes: frozenset, frame: Any, max_depth: int | None = None) -> Any:
+  """The first of `frame` and its callers (at most `max_depth` of them) that
+  runs one of `codes`, or None. Every frame read of this sub-package walks
+  the stack here."""
+  depth = 0
+  while frame is not None and (max_depth is None or depth < max_depth):
+    if frame.f_code in codes:
+      return frame
+    frame = frame.f_back
+    depth += 1
+  return None
 
 
 def _nested_codes(fn: Any, name: str) -> frozenset:
@@ -55,38 +72,33 @@ def _nested_codes(fn: Any, name: str) -> frozenset:
       held = cell.cell_contents
     except ValueError:  # an empty cell
       continue
-    if isinstance(held, _cb_types.FunctionType):
+    if isinstance(held, types.FunctionType):
       todo.append(held.__code__)
   while todo:
     code = todo.pop()
     if code is None:
       continue
     for c in code.co_consts:
-      if isinstance(c, _cb_types.CodeType):
+      if isinstance(c, types.CodeType):
         if c.co_name == name:
           found.add(c)
         todo.append(c)
   return frozenset(found)
 
 
-_HOST_CALLBACK_CODES = _nested_codes(getattr(_fx_callback, "emit_python_callback", None),
+_HOST_CALLBACK_CODES = _nested_codes(getattr(_callback, "emit_python_callback", None),
                                      "_wrapped_callback")
 HAS_HOST_CALLBACK_FRAMES = bool(_HOST_CALLBACK_CODES)
 """True when `callback.emit_python_callback`'s `_wrapped_callback` closures were found."""
 
-_PMAP_BODY_CODES = _nested_codes(getattr(_cb_pmap, "_cached_shard_map", None), "_fun")
+_PMAP_BODY_CODES = _nested_codes(getattr(_pmap, "_cached_shard_map", None), "_fun")
 HAS_PMAP_BODY_CODE = bool(_PMAP_BODY_CODES)
 """True when the body function of `jax.pmap` (`pmap._cached_shard_map._fun`) was found."""
 
 
 def in_host_callback() -> bool:
   """True when the calling thread is running a JAX host callback."""
-  frame = _cb_sys._getframe(1)
-  while frame is not None:
-    if frame.f_code in _HOST_CALLBACK_CODES:
-      return True
-    frame = frame.f_back
-  return False
+  return find_frame(_HOST_CALLBACK_CODES, sys._getframe(1)) is not None
 
 
 def traced_inside_pmap(ctx) -> bool:
@@ -110,13 +122,7 @@ def traced_inside_pmap(ctx) -> bool:
 # only, never per call. Without such a frame (AOT `.lower().compile()`), the
 # caller compiled the user's function directly.
 
-def _of_nested_code(fn: Any, name: str) -> Any:
-  """The code object of the function `name` defined inside `fn`, or None."""
-  consts = getattr(getattr(fn, "__code__", None), "co_consts", ())
-  return next((c for c in consts if getattr(c, "co_name", None) == name), None)
-
-
-_OF_CACHE_MISS_CODE = _of_nested_code(getattr(_dn_pjit, "_cpp_pjit", None), "cache_miss")
+_CACHE_MISS_CODES = _nested_codes(getattr(_pjit, "_cpp_pjit", None), "cache_miss")
 
 
 def jitted_function_being_compiled() -> Any:
@@ -124,14 +130,8 @@ def jitted_function_being_compiled() -> Any:
 
   None when no `jax.jit` call is being dispatched (e.g. AOT compilation).
   """
-  if _OF_CACHE_MISS_CODE is None:
-    return None
-  f = _dn_sys._getframe(1)
-  while f is not None:
-    if f.f_code is _OF_CACHE_MISS_CODE:
-      return f.f_locals.get("fun")
-    f = f.f_back
-  return None
+  frame = find_frame(_CACHE_MISS_CODES, sys._getframe(1))
+  return None if frame is None else frame.f_locals.get("fun")
 
 
 # --- AOT calls ----------------------------------------------------------------
@@ -146,19 +146,13 @@ def jitted_function_being_compiled() -> Any:
 # handler looks only when an argument would move.
 # ---------------------------------------------------------------------------
 
-_AOT_CALL_CODE = _dn_code(getattr(_pxla, "MeshExecutable", None), "call")
+_AOT_CALL_CODES = frozenset(
+    c for c in [code_of(getattr(_pxla, "MeshExecutable", None), "call")] if c is not None)
 
-HAS_AOT_CALL_FRAME = _AOT_CALL_CODE is not None
+HAS_AOT_CALL_FRAME = bool(_AOT_CALL_CODES)
 """True when `pxla.MeshExecutable.call` (the AOT argument check) was found."""
 
 
 def in_aot_call(max_depth: int = 16) -> bool:
   """True when called (from a shard-arg handler) inside an AOT executable call."""
-  frame = _dn_sys._getframe(1)
-  for _ in range(max_depth):
-    if frame is None:
-      return False
-    if frame.f_code is _AOT_CALL_CODE:
-      return True
-    frame = frame.f_back
-  return False
+  return find_frame(_AOT_CALL_CODES, sys._getframe(1), max_depth) is not None
