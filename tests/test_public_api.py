@@ -2,6 +2,10 @@
 
 import pathlib
 import re
+import subprocess
+import sys
+
+import pytest
 
 import jax_sharding_ext
 
@@ -40,3 +44,18 @@ def test_only_the_jax_home_touches_jax_src():
 
 def test_version():
   assert jax_sharding_ext.__version__ == ".".join(map(str, jax_sharding_ext.__version_info__))
+
+
+@pytest.mark.parametrize("module, blocked", [
+    ("serialization", ["tensorstore"]),
+    ("orbax_support", ["orbax", "orbax.checkpoint"]),
+])
+def test_optional_module_without_its_extra_names_the_extra(module, blocked):
+  code = (f"import sys; {'; '.join(f'sys.modules[{b!r}] = None' for b in blocked)}\n"
+          "import jax_sharding_ext\n"
+          f"try:\n  from jax_sharding_ext import {module}\n"
+          "except ImportError as e:\n  print('IMPORTERROR', e)\n")
+  res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=PKG.parent)
+  assert "IMPORTERROR" in res.stdout and "jax-sharding-ext[checkpoint]" in res.stdout, (
+      res.stdout, res.stderr)
