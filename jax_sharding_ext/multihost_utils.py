@@ -165,14 +165,13 @@ def _checked_local_inputs(views: Any, global_mesh: Any, pspecs: Any) -> Any:
   """Check each local leaf divides over the local mesh (naming the leaf), and
   place a device array of another sharding on the local sharding first (stock
   fails inside `batched_device_put` for a multi-device array it must slice)."""
-  specs, spec_def = jax.tree_util.tree_flatten(pspecs, is_leaf=_is_spec_leaf)
+  path_specs, spec_def = jax.tree_util.tree_flatten_with_path(pspecs, is_leaf=_is_spec_leaf)
   try:
     subtrees = spec_def.flatten_up_to(views)
   except ValueError:
     return views  # not a prefix: stock raises its own error
   local_mesh = global_mesh.local_mesh
-  spec_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
-      pspecs, is_leaf=_is_spec_leaf)[0]]
+  spec_paths, specs = zip(*path_specs, strict=True) if path_specs else ((), ())
   out = []
   for path, spec, sub in zip(spec_paths, specs, subtrees, strict=True):
     if not isinstance(spec, PartitionSpec):

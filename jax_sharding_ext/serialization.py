@@ -112,11 +112,12 @@ def _checked_arrays(fn: str, arrays: Any, tensorstore_specs: Any) -> tuple[list,
     raise ValueError(f"`{fn}`: got {len(arrays)} arrays but {len(specs)} "
                      "tensorstore_specs; give one spec per array.")
   out = [_array_to_write(a, _where(fn, "arrays", i)) for i, a in enumerate(arrays)]
+  multi_process = jax.process_count() > 1
   for i, (arr, spec) in enumerate(zip(out, specs, strict=True)):
     if not isinstance(spec, dict):
       raise TypeError(f"{_where(fn, 'tensorstore_specs', i)} must be a dict (e.g. from "
                       f"`get_tensorstore_spec(path)`), got {type(spec).__name__}.")
-    if jax.process_count() > 1 and arr.is_fully_addressable:
+    if multi_process and arr.is_fully_addressable:
       raise ValueError(
           f"{_where(fn, 'arrays', i)} lives on this process's devices only; a "
           "multi-process checkpoint needs global arrays (every process would write "
@@ -279,11 +280,12 @@ def run_serialization(arrays, tensorstore_specs):
   arrs, specs = _checked_arrays("run_serialization", arrays, tensorstore_specs)
   _run(lambda: _set_markers(specs, True))
   _call(lambda: _stock.run_serialization(arrs, specs))
-  if jax.process_count() > 1:
+  multi_process = jax.process_count() > 1
+  if multi_process:
     _multihost.sync_global_devices("jax_sharding_ext.serialization.run_serialization")
   if jax.process_index() == 0:
     _run(lambda: _set_markers(specs, False))
-  if jax.process_count() > 1:
+  if multi_process:
     _multihost.sync_global_devices("jax_sharding_ext.serialization.committed")
 
 
