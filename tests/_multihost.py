@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-PORT_IN_USE_EXIT = 75  # EX_TEMPFAIL; kept in step with _worker_boot.py
+PORT_IN_USE_EXIT = 75  # EX_TEMPFAIL: process 0 could not bind the coordinator port
 _BIND_FAILED = "Failed to add port to server"  # gRPC's log line
 REPO = Path(__file__).resolve().parent.parent
 

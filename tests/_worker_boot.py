@@ -20,7 +20,8 @@ import re
 import sys
 import traceback
 
-PORT_IN_USE_EXIT = 75  # kept in step with _multihost.py
+from _multihost import PORT_IN_USE_EXIT  # the runner reads the same exit code
+
 # How soon the runtime declares a silent peer dead; the fault test lowers it.
 HEARTBEAT_TIMEOUT_S = int(os.environ.get("JSE_TEST_HEARTBEAT_S", "10"))
 
