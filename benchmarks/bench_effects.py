@@ -4,21 +4,30 @@ Three versions of the same jitted step, side by side in one run:
 
 * `debug.callback`: two `jax.debug.callback(..., ordered=True)` (possible over
   several devices only with `jax_sharding_ext` installed);
-* `io_callback`: two `io_callback(..., ordered=True)` (stock JAX, already a
-  shardable ordered effect);
+* `io_callback`: two `io_callback(..., ordered=True)` (already a shardable
+  ordered effect in stock JAX), measured twice: with stock JAX's runtime
+  token set (what a program without `jax_sharding_ext` gets; the package is
+  otherwise not involved in an `io_callback`) and with the package's;
 * `none`: no callback.
+
+The package's runtime token set passes the previous call's token on in
+place after waiting for it; stock waits for it the same way, then places a
+fresh empty token on every device (`_token_shard_arg`). The stock variant
+swaps stock's token set in for its samples (`jax_effects.set_runtime_tokens`;
+a swap between samples, after a barrier, outside the clock).
 
 And per-shard callbacks: two `jax_sharding_ext.sharded_callback(fn, x)` (one
 host call per shard, with its index and device) against stock's way to make
 the same per-shard calls, two `io_callback(..., ordered=True)` inside a
-`shard_map` that passes each device's mesh position. Target (issue 15):
+`shard_map` that passes each device's mesh position (with stock's token set). Target (issue 15):
 `sharded_callback` within 1.2x of the stock `shard_map` version.
 
 Each sample times a batch of calls followed by `block_until_ready()` on the
 last result and `jax.effects_barrier()`, so every callback has run. Samples of
-the three versions are interleaved (`_common.interleaved`: the order flips
-every round) and the median per call is reported, with ratios. Target (issue
-3): `debug.callback` within 1.2x of `io_callback`.
+the versions are interleaved (`_common.interleaved`: the order flips every
+round) and the median per call is reported, with ratios. Targets:
+`debug.callback` within 1.2x of `io_callback` with the package (issue 3), and
+<= 0.8x stock `io_callback` (issue 15).
 
 Run: `.venv/bin/python benchmarks/bench_effects.py [--calls 200] [--rounds 15]`
 """
@@ -34,9 +43,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext  # makes ordered debug callbacks shardable
+from jax_sharding_ext._jax import effects as jax_effects
 
 DEBUG = "debug.callback x2 (ordered)"
 IO = "io_callback x2 (ordered)"
+IO_STOCK = "io_callback x2 (ordered), stock tokens"
 NONE = "no callback"
 SHARDED = "sharded_callback x2"
 STOCK_SHARDED = "io_callback x2 in shard_map (ordered)"
@@ -98,6 +109,19 @@ def _batch(fn, x, calls: int):
   return go
 
 
+def _with_stock_tokens(sample):
+  """`sample` run with stock JAX's runtime token set, then the package's again."""
+  stock = jax_effects.RuntimeTokenSet()
+  def go():
+    ours = jax_effects.get_runtime_tokens()
+    jax_effects.set_runtime_tokens(stock)
+    try:
+      sample()  # ends with jax.effects_barrier(): no token left behind
+    finally:
+      jax_effects.set_runtime_tokens(ours)
+  return go
+
+
 def run(calls: int = 200, rounds: int = 15) -> list[dict]:
   devices = jax.devices()
   print(f"\nordered effects: {rounds} interleaved samples x {calls} calls per version")
@@ -108,13 +132,18 @@ def run(calls: int = 200, rounds: int = 15) -> list[dict]:
   for fn in versions.values():  # compile and warm up
     _batch(fn, x, 20)()
 
-  res = _common.interleaved({k: _batch(fn, x, calls) for k, fn in versions.items()},
-                            n=rounds, warmup=0)
+  samples = {k: _batch(fn, x, calls) for k, fn in versions.items()}
+  samples[IO_STOCK] = _with_stock_tokens(_batch(versions[IO], x, calls))
+  samples[IO_STOCK]()  # warm up the stock token path
+  res = _common.interleaved(samples, n=rounds, warmup=0)
   per_call = {k: v / calls for k, v in res.items()}
-  rows = _common.report("ordered effects, 8 devices, per call", per_call, IO)
+  rows = _common.report("ordered effects, 8 devices, per call", per_call, IO_STOCK)
   ratio = per_call[DEBUG] / per_call[IO]
   print(f"  debug.callback / io_callback = {ratio:.3f}x  (target <= 1.2x: "
         f"{'ok' if ratio <= 1.2 else 'MISSED'})")
+  ratio = per_call[DEBUG] / per_call[IO_STOCK]
+  print(f"  debug.callback / stock io_callback = {ratio:.3f}x  (target <= 0.8x: "
+        f"{'ok' if ratio <= 0.8 else 'MISSED'})")
   print(f"  debug.callback / no callback = {per_call[DEBUG] / per_call[NONE]:.3f}x")
   print(f"  io_callback    / no callback = {per_call[IO] / per_call[NONE]:.3f}x")
 
@@ -123,8 +152,10 @@ def run(calls: int = 200, rounds: int = 15) -> list[dict]:
   for fn in sharded.values():
     _batch(fn, x, 5)()
   calls_sharded = max(1, calls // 4)  # 16 host calls per call: fewer calls per sample
-  res = _common.interleaved({k: _batch(fn, x, calls_sharded) for k, fn in sharded.items()},
-                            n=rounds, warmup=0)
+  samples = {SHARDED: _batch(sharded[SHARDED], x, calls_sharded),
+             STOCK_SHARDED: _with_stock_tokens(_batch(sharded[STOCK_SHARDED], x, calls_sharded))}
+  samples[STOCK_SHARDED]()
+  res = _common.interleaved(samples, n=rounds, warmup=0)
   per_call = {k: v / calls_sharded for k, v in res.items()}
   rows += _common.report("per-shard callbacks, 8 devices, per call", per_call, STOCK_SHARDED)
   ratio = per_call[SHARDED] / per_call[STOCK_SHARDED]

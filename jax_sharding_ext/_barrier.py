@@ -48,15 +48,32 @@ class _TrackedRuntimeTokens(jax_effects.RuntimeTokenSet):
     with _lock:
       _thread_token_states[threading.current_thread()] = self.__dict__
 
-  def get_token_input(self, eff, *args, **kwargs):
+  def get_token_input(self, eff, devices, *args, **kwargs):
     token = self.current_tokens.get(eff)
-    if token is not None and jax_effects.failed_token_error(token) is not None:
+    if token is None:
+      return super().get_token_input(eff, devices, *args, **kwargs)
+    if jax_effects.token_is_on(token, devices):
+      # Stock waits for the previous computation's token, then places a
+      # fresh empty token on every device (`_token_shard_arg`: a
+      # `device_put` of 8 host values, then `make_array_...` of the result:
+      # ~110 us of 8-device calls). The token it waited for is already there:
+      # pass it on after the same wait. The wait stays: handing XLA CPU a
+      # token still being computed lets devices start the next call at
+      # different times, and collectives in it deadlock (measured: the
+      # all-reduce rendezvous waits forever for the devices that lag).
+      try:
+        token.block_until_ready()
+      except jax.errors.JaxRuntimeError:
+        pass  # failed: set aside below, like a failure seen without waiting
+      else:
+        return token
+    if jax_effects.failed_token_error(token) is not None:
       # The computation that produced it has finished, and failed: its
       # effects are over, so program order holds with a fresh token. (A
       # token still running is passed on: if it fails, so does this call.)
       del self.current_tokens[eff]
       self.failed_tokens.append(token)
-    return super().get_token_input(eff, *args, **kwargs)
+    return super().get_token_input(eff, devices, *args, **kwargs)
 
   def clear(self):
     super().clear()

@@ -684,6 +684,37 @@ def test_effects_barrier_waits_for_other_threads(mesh_1d):
   assert sorted(done) == ["ordered", "unordered"]
 
 
+def test_next_call_waits_for_the_token_and_takes_it_in_place(mesh_1d):
+  # Stock's `get_token_input` waits for the previous call's token
+  # (`_token_shard_arg` blocks on it) and then places a fresh empty token on
+  # every device. The package's token set waits the same way and hands over
+  # the token it waited for; another device order still gets stock's reshard.
+  x, _ = _put(mesh_1d, P("x"))
+  done = []
+
+  def slow(_):
+    time.sleep(0.2)
+    done.append(1)
+
+  f = jax.jit(lambda v: (jax.debug.callback(slow, v.sum(), ordered=True), v * 2)[1])
+  f(x)
+  jse.effects_barrier()
+  done.clear()
+  f(x)
+  tokens = jax_effects.get_runtime_tokens()
+  (effect, last), = tokens.current_tokens.items()
+  devices = list(mesh_1d.devices.flat)
+  assert tokens.get_token_input(effect, devices) is last
+  assert done == [1]  # waited for the call that produced it
+  moved = tokens.get_token_input(effect, devices[::-1])
+  assert moved is not last
+  assert moved._buf.sharding.device_set == set(devices)
+  assert list(moved._buf.sharding.mesh.devices.flat) == devices[::-1]
+  f(x)
+  jse.effects_barrier()
+  assert done == [1, 1]
+
+
 _FAILED_EFFECT_SCRIPT = """
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"

@@ -400,6 +400,24 @@ def failed_token_error(token: Any) -> BaseException | None:
   return None
 
 
+def token_is_on(token: Any, devices: Any) -> bool:
+  """Whether `token`'s buffer is live and laid out on `devices`, in order.
+
+  `devices` is what `pxla.ExecuteReplicated` passes to `get_token_input` (its
+  local devices); a token returned by a computation on the same devices is
+  `NamedSharding(Mesh(devices, 'x'), P('x'))` (several devices) or
+  `SingleDeviceSharding` (one), and `execute_sharded` takes its per-device
+  buffers as they are. Reads `Sharding._device_assignment` (private; same
+  in jax 0.10.2 and 0.12.x).
+  """
+  buf = getattr(token, "_buf", None)
+  try:
+    return (not buf.is_deleted()
+            and tuple(buf.sharding._device_assignment) == tuple(devices))
+  except AttributeError:
+    return False
+
+
 def get_runtime_tokens() -> Any:
   return _fx_dispatch.runtime_tokens
 
