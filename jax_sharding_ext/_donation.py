@@ -23,8 +23,8 @@ crashes (jaxlib 0.10.2). Two pieces make sure such a call never runs:
   the handler's own `copy_semantics` are `REUSE_INPUT` for every jit argument,
   donated or not) and raises `RuntimeError` naming both arguments. It checks
   every array argument of a call that involves a GDA.
-* `dispatch_key` computes the GDA's static field in jit's C++ dispatch
-  registry, the only Python that runs on a warm call, so that a call with a
+* `dispatch_flatten` flattens a GDA for jit's C++ dispatch registry, the
+  only Python that runs for an argument of a warm call, so that a call with a
   deleted GDA, or with any other reference to a GDA's array (a possible
   alias), misses the C++ cache and takes the Python path above.
 
@@ -212,14 +212,15 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
 #
 # A warm `jax.jit` call never reaches `shard_arg_handlers`: the C++ dispatch
 # path unpacks a GDA to its `jax.Array` through `tree_util.dispatch_registry`
-# (`jax_dispatch.DispatchNodeEdit`, registered as a dataclass node with data field
-# `_arr` and static field `_dispatch_key`) and executes directly. There, stock
-# jaxlib 0.10.2 crashes the process (SIGSEGV, 8 CPU devices) for an array that
-# was already donated and for a call that donates an array it also passes
-# undonated (`f(donate(g), g)`, `f(g.to_jax_array(), donate(g))`). The static
-# field is the one piece of Python that C++ runs for every GDA of every call
-# (it reads it before `_arr`), and it is part of the C++ cache key, so
-# `dispatch_key` decides which calls may use a cached executable:
+# (`jax_dispatch.DispatchNodeEdit`: a custom node whose flatten function is
+# `dispatch_flatten`, children `(gda._arr,)`, node data the key below) and
+# executes directly. There, stock jaxlib 0.10.2 crashes the process (SIGSEGV,
+# 8 CPU devices) for an array that was already donated and for a call that
+# donates an array it also passes undonated (`f(donate(g), g)`,
+# `f(g.to_jax_array(), donate(g))`). The flatten function is the one piece of
+# Python that C++ runs for every GDA argument of every call, and the node data
+# it returns is part of the C++ cache key, so that key decides which calls may
+# use a cached executable:
 #
 # * `None` (cacheable: the fast path) only when nothing but this GDA holds a
 #   reference to its `jax.Array`. Then no other argument of the call can be
@@ -250,7 +251,7 @@ class _RefcountProbe:
 
 
 def _sole_owner_refcount() -> int:
-  """`getrefcount` of an object held only by one slot, read as `dispatch_key` reads it.
+  """`getrefcount` of an object held only by one slot, read as `dispatch_flatten` reads it.
 
   Measured rather than assumed (3 on CPython 3.11 and 3.12: the slot, the
   local, the argument of `getrefcount`), so an interpreter that counts
@@ -266,12 +267,14 @@ def _sole_owner_refcount() -> int:
 _SOLE_OWNER = _sole_owner_refcount()
 
 
-def dispatch_key(gda: Any) -> Any:
-  """The static field jit's C++ dispatch reads from a GDA (see above)."""
-  off = gda._dispatch_off
-  if off is not None:  # uninstalled: a key no warm entry has
-    return off
+def dispatch_flatten(gda: Any) -> tuple[tuple[Any], Any]:
+  """How jit's C++ dispatch flattens a GDA: `((its jax.Array,), node data)`.
+
+  The node data is the key described above: `None` for a sole owner, else a
+  fresh `object()`, or `DISPATCH_OFF` while uninstalled.
+  """
   arr = gda._arr
-  if _getrefcount(arr) == _SOLE_OWNER and not arr.is_deleted():
-    return None
-  return object()  # never cached: the Python path checks the call
+  if _getrefcount(arr) == _SOLE_OWNER and gda._dispatch_off is None and not arr.is_deleted():
+    return (arr,), None
+  off = gda._dispatch_off  # uninstalled: a key no warm entry has
+  return (arr,), (object() if off is None else off)  # object(): never cached

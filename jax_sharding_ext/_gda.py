@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from jax_sharding_ext import _donation, _transfer
+from jax_sharding_ext import _transfer
 from jax_sharding_ext._gda_base import (  # noqa: F401 - FROM_GDA and Shard are public here too
   FROM_GDA,
   Shard,
@@ -53,24 +53,7 @@ _FROM_SHARDING = object()
 """`_mesh_axes` of a GDA made by `_wrap` until first read: the array's spec."""
 
 
-class _GdaMeta(type):
-  """Lets jit's C++ dispatch rebuild GDA outputs without a public constructor change.
-
-  The dispatch registry (`jax_dispatch.DispatchNodeEdit`) rebuilds a dataclass node
-  as `GlobalDeviceArray(_arr=..., _dispatch_key=...)`; those keywords are
-  routed to `_wrap` here so `__init__` keeps the GDA-era signature.
-  """
-
-  # An API boundary (bad constructor input shows the user's line); it costs
-  # ~0.1 us on the hot path below, where jit's C++ path rebuilds an output.
-  @jax_tracebacks.api_boundary
-  def __call__(cls, *args, _arr=None, _dispatch_key=None, **kwargs):
-    if _arr is not None:
-      return cls._wrap(_arr)
-    return super().__call__(*args, **kwargs)
-
-
-class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
+class GlobalDeviceArray(_ArraySurface):
   """A logical array sharded across the devices (and processes) of a mesh.
 
   Each process holds a `GlobalDeviceArray` for the same global array; it can
@@ -102,12 +85,11 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
 
   # A GDA is always committed to its devices (read by `jax.jit`).
   _committed = True
-  # Static field of the dispatch-registry node: part of jit's C++ cache key.
-  # Computed per call so that donated / twice-passed GDAs miss the C++ cache
-  # (`_donation.dispatch_key`); `_dispatch_off` is set while uninstalled.
+  # Set while uninstalled: the node data jit's C++ dispatch then gets
+  # (`_donation.dispatch_flatten`), which no cached call has.
   _dispatch_off = None
-  _dispatch_key = property(_donation.dispatch_key)
 
+  @jax_tracebacks.api_boundary  # bad input shows the user's line
   def __init__(self, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
                device_buffers: Sequence[jax.Array]):
     lay = layout(global_shape, global_mesh, mesh_axes)
@@ -127,17 +109,10 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
 
   @classmethod
   def _wrap(cls, arr: jax.Array, mesh_axes: MeshAxes | None = None) -> GlobalDeviceArray:
-    """Wrap `arr` (NamedSharding, already validated) without any checks.
-
-    Also how jit's C++ path rebuilds every GDA output, so `_init` is inlined.
-    """
-    self = object.__new__(cls)
-    self._arr = arr
-    self._mesh = None  # read from `arr.sharding` on first use (`mesh`)
-    # `_FROM_SHARDING`: read `arr.sharding.spec` on first use (`mesh_axes`).
-    self._mesh_axes = _FROM_SHARDING if mesh_axes is None else mesh_axes
-    self._local_shards = None
-    self._host_fetched = False
+    """Wrap `arr` (NamedSharding, already validated) without any checks."""
+    self = _rebuild(None, (arr,))
+    if mesh_axes is not None:
+      self._mesh_axes = mesh_axes
     return self
 
   # -- conversions ----------------------------------------------------------
@@ -414,10 +389,11 @@ class GlobalDeviceArray(_ArraySurface, metaclass=_GdaMeta):
   addressable_data = local_data
 
   def block_until_ready(self) -> GlobalDeviceArray:
-    arr = self._arr
-    if arr.is_deleted():
-      self._checked_array("wait for it")  # raises the GDA-era error
-    arr.block_until_ready()
+    try:
+      self._arr.block_until_ready()
+    except RuntimeError:
+      self._checked_array("wait for it")  # deleted: raises the GDA-era error
+      raise  # the computation failed
     return self
 
   def copy_to_host_async(self) -> None:
@@ -526,3 +502,24 @@ def _placement(global_shape, mesh, mesh_axes):
   pos = {d: i for i, d in enumerate(mesh.devices.flat)}
   devices = list(mesh.local_devices)
   return lay, devices, [lay.indices[pos[d]] for d in devices]
+
+
+_new = object.__new__
+
+
+def _rebuild(key: Any, children: Sequence[jax.Array]) -> GlobalDeviceArray:
+  """A GDA over `children[0]`: how jit's C++ dispatch rebuilds every GDA output.
+
+  The unflatten function of the GDA's dispatch-registry node
+  (`jax_dispatch.DispatchNodeEdit`; `key` is its node data, unused here), so
+  it is on the hot path of every warm call with the output flag on: `_init`
+  inlined, and the mesh and mesh axes read from `arr.sharding` on first use.
+  """
+  del key
+  self = _new(GlobalDeviceArray)
+  self._arr, = children
+  self._mesh = None
+  self._mesh_axes = _FROM_SHARDING
+  self._local_shards = None
+  self._host_fetched = False
+  return self

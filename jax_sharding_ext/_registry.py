@@ -18,7 +18,7 @@ import threading
 
 import jax
 
-from jax_sharding_ext import _effects, _gda, _notebook, _output, _transfer
+from jax_sharding_ext import _donation, _effects, _gda, _notebook, _output, _transfer
 from jax_sharding_ext._jax import dispatch as jax_dispatch
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
@@ -76,7 +76,7 @@ def _build_edits() -> list:
                         _gda_constant_handler),
       _ResultHandlerEdit("global_result_handlers", jax_tables.global_result_handlers,
                          jax_tables.ShapedArray, _output.result_handler),
-      jax_dispatch.DispatchNodeEdit(GDA),
+      jax_dispatch.DispatchNodeEdit(GDA, _donation.dispatch_flatten, _gda._rebuild),
       jax_tables.DevicePutDefaultEdit(GDA, _gda_device_put_default),
       *_effects.table_edits(),
       _notebook.IPythonHookEdit(),
