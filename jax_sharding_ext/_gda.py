@@ -27,7 +27,6 @@ lets `jax.numpy` functions accept it directly.
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -474,12 +473,6 @@ class GlobalDeviceArray(_ArraySurface):
   def __treescope_ndarray_adapter__(self):
     from jax_sharding_ext._treescope import adapter
     return adapter()
-
-
-# The metaclass's `__call__` would otherwise hide the GDA-era signature from
-# `help()` and `inspect.signature`.
-GlobalDeviceArray.__signature__ = inspect.signature(GlobalDeviceArray.__init__).replace(
-    parameters=list(inspect.signature(GlobalDeviceArray.__init__).parameters.values())[1:])
 
 
 def _unpickle(value: np.ndarray, device_ids: np.ndarray, axis_names: tuple,
