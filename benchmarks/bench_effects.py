@@ -19,8 +19,9 @@ a swap between samples, after a barrier, outside the clock).
 And per-shard callbacks: two `jax_sharding_ext.sharded_callback(fn, x)` (one
 host call per shard, with its index and device) against stock's way to make
 the same per-shard calls, two `io_callback(..., ordered=True)` inside a
-`shard_map` that passes each device's mesh position (with stock's token set). Target (issue 15):
-`sharded_callback` within 1.2x of the stock `shard_map` version.
+`shard_map` that passes each device's mesh position (with stock's token
+set). Target (issue 15): `sharded_callback` within 1.2x of the stock
+`shard_map` version.
 
 Each sample times a batch of calls followed by `block_until_ready()` on the
 last result and `jax.effects_barrier()`, so every callback has run. Samples of

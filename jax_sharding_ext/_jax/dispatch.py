@@ -25,8 +25,9 @@ from jax_sharding_ext._jax.tables import RegisterOnceEdit
 # as a leaf. A custom node (`register_node`: a Python flatten and unflatten
 # function) rather than a dataclass node: C++ rebuilds a dataclass node by
 # calling its class with keyword arguments (~0.4 us a GDA output, measured),
-# a custom node by calling the unflatten function (~0.14 us). Present in jax 0.10.2 and 0.12.x; when missing, dispatch
-# stays correct but takes the slow path.
+# a custom node by calling the unflatten function (~0.14 us). Present in jax
+# 0.10.2 and 0.12.x; when missing, dispatch stays correct but takes the slow
+# path.
 # The registry has no unregister; `DispatchNodeEdit.revert` instead makes the
 # flatten function return another node data, so cached C++ signatures stop
 # matching and calls fall back to the Python path (where an uninstalled type
