@@ -647,14 +647,18 @@ def test_declared_shardable_effect_multi_device(mesh_2d):
 # ---------------------------------------------------------------------------
 
 
+def _sleeps_then_records(done, item, seconds):
+  """A host callback that sleeps `seconds`, then appends `item` to `done`."""
+  def callback(_):
+    time.sleep(seconds)
+    done.append(item)
+  return callback
+
+
 def test_effects_barrier_waits_for_current_thread(mesh_1d):
   x, _ = _put(mesh_1d, P("x"))
   done = []
-
-  def slow(_):
-    time.sleep(0.2)
-    done.append(1)
-
+  slow = _sleeps_then_records(done, 1, 0.2)
   jax.jit(lambda v: jax.debug.callback(slow, v.sum(), ordered=True) or v)(x)
   jse.effects_barrier()
   assert done == [1]
@@ -663,15 +667,8 @@ def test_effects_barrier_waits_for_current_thread(mesh_1d):
 def test_effects_barrier_waits_for_other_threads(mesh_1d):
   x, _ = _put(mesh_1d, P("x"))
   done = []
-
-  def slow(_):
-    time.sleep(0.3)
-    done.append("ordered")
-
-  def slow_unordered(_):
-    time.sleep(0.3)
-    done.append("unordered")
-
+  slow = _sleeps_then_records(done, "ordered", 0.3)
+  slow_unordered = _sleeps_then_records(done, "unordered", 0.3)
   f = jax.jit(lambda v: jax.debug.callback(slow, v.sum(), ordered=True) or v)
   g = jax.jit(lambda v: jax.debug.callback(slow_unordered, v.sum()) or v)
   f(x), g(x)  # compile here, and wait, so the thread only dispatches
@@ -691,11 +688,7 @@ def test_next_call_waits_for_the_token_and_takes_it_in_place(mesh_1d):
   # the token it waited for; another device order still gets stock's reshard.
   x, _ = _put(mesh_1d, P("x"))
   done = []
-
-  def slow(_):
-    time.sleep(0.2)
-    done.append(1)
-
+  slow = _sleeps_then_records(done, 1, 0.2)
   f = jax.jit(lambda v: (jax.debug.callback(slow, v.sum(), ordered=True), v * 2)[1])
   f(x)
   jse.effects_barrier()
