@@ -37,6 +37,9 @@ for code that maps `donate_argnums` onto flattened arguments itself.
 from __future__ import annotations
 
 import operator
+import sys as _sys
+import threading as _threading
+import weakref as _weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -144,7 +147,87 @@ def rebase_donate_argnums(donate_argnums: int | Iterable[int],
 
 
 # ---------------------------------------------------------------------------
-# The check run by the GDA `shard_arg_handlers` entry.
+# Which objects share device buffers.
+#
+# A GDA keeps a private `jax.Array` (`gda._arr`) that it never hands out:
+# `to_jax_array()` returns a *sibling*, a second `jax.Array` object over the
+# same buffers, and `from_jax_array(x)` wraps a sibling of `x`. Siblings share
+# deletion and donation (deleting one deletes all), so to the user they are
+# one array; to this module they are a *family*, the set of objects whose
+# buffers are the same. Knowing the family is what lets a call with a GDA
+# whose buffers the program also holds elsewhere keep jit's C++ fast path.
+# ---------------------------------------------------------------------------
+
+
+class _Family:
+  """The live `jax.Array` objects (weakly held) over one set of buffers."""
+
+  __slots__ = ("members",)
+
+  def __init__(self):
+    self.members: list[_weakref.ref] = []
+
+  def others_alive(self, arr: Any) -> bool:
+    return any((m := ref()) is not None and m is not arr for ref in self.members)
+
+
+_family_of: dict[int, tuple[_weakref.ref, _Family]] = {}
+"""`id(array)` -> (a weak reference to it, its family), for family members."""
+
+
+def _join(arr: Any, family: _Family) -> None:
+  key = id(arr)
+  ref = _weakref.ref(arr, _Forget(key))
+  family.members[:] = [m for m in family.members if m() is not None]
+  family.members.append(ref)
+  _family_of[key] = (ref, family)
+
+
+class _Forget:
+  """Weak-reference callback: drop a dead array's `_family_of` entry."""
+
+  __slots__ = ("key", "table")
+
+  def __init__(self, key: int):
+    self.key, self.table = key, _family_of  # the table, even at shutdown
+
+  def __call__(self, ref: _weakref.ref) -> None:
+    entry = self.table.get(self.key)
+    if entry is not None and entry[0] is ref:
+      del self.table[self.key]
+
+
+def family_of(arr: Any) -> _Family | None:
+  entry = _family_of.get(id(arr))
+  if entry is None or entry[0]() is not arr:
+    return None
+  return entry[1]
+
+
+def buffers_id(arr: Any) -> int:
+  """The same number for every `jax.Array` object over the same buffers."""
+  family = family_of(arr)
+  return id(arr) if family is None else id(family)
+
+
+def sibling_of(gda: Any, arr: Any) -> Any:
+  """A new `jax.Array` over `arr`'s buffers, recorded in `gda`'s family.
+
+  `arr` is the GDA's private array (for `to_jax_array`) or the array a GDA is
+  made from (for `from_jax_array`); either way both end up in one family.
+  """
+  family = family_of(arr)
+  if family is None:
+    family = _Family()
+    _join(arr, family)
+  sibling = jax_tables.sibling_array(arr)
+  _join(sibling, family)
+  gda._family = family
+  return sibling
+
+
+# ---------------------------------------------------------------------------
+# The check run by the GDA `shard_arg_handlers` entry (the Python path).
 # ---------------------------------------------------------------------------
 
 
@@ -154,7 +237,7 @@ def _arg_label(info: jax_donation.CallDonation, i: int) -> str:
 
 
 def _describe(x: Any) -> str:
-  if isinstance(x, jax_tables.ArrayImpl):
+  if isinstance(x, jax_tables.ArrayImpl) and type(x) is jax_tables.ArrayImpl:
     return f"jax.Array(shape={tuple(x.shape)}, dtype={x.dtype})"
   return str(x)
 
@@ -163,7 +246,9 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
   """Raise `RuntimeError` if the running call donates an array it also reads.
 
   Called by `_transfer.shard_args` with the batch of GDA arguments, before any
-  of them is handed to the executable.
+  of them is handed to the executable. Also records, on the dispatch keys of
+  the call's GDAs, what jit's C++ cache needs to know about this executable
+  (see `_AliasKey`).
   """
   if not gdas:
     return
@@ -171,6 +256,7 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
   # type (so this module needs no import of `_gda`, which imports it).
   GlobalDeviceArray = type(gdas[0])
   info = jax_donation.current_call_donation()
+  _record_call(info, gdas, GlobalDeviceArray)
   if info is None or not any(info.donated):
     return
 
@@ -184,14 +270,14 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
       arr = x
     else:
       continue
-    positions.setdefault(id(arr), []).append(i)
+    positions.setdefault(buffers_id(arr), []).append(i)
   for i, (x, donated) in enumerate(zip(info.args, info.donated, strict=True)):
     if not donated:
       continue
     t = type(x)
     if t is not GlobalDeviceArray and t is not array_t:
       continue
-    same = positions[id(x._arr if t is GlobalDeviceArray else x)]
+    same = positions[buffers_id(x._arr if t is GlobalDeviceArray else x)]
     if len(same) < 2:
       continue
     j = same[0] if same[0] != i else same[1]
@@ -208,40 +294,42 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
 
 
 # ---------------------------------------------------------------------------
-# jit's C++ fast path: the GDA dispatch-registry node's static key.
+# jit's C++ fast path: the GDA dispatch-registry node's data.
 #
 # A warm `jax.jit` call never reaches `shard_arg_handlers`: the C++ dispatch
-# path unpacks a GDA to its `jax.Array` through `tree_util.dispatch_registry`
-# (`jax_dispatch.DispatchNodeEdit`: a custom node whose flatten function is
-# `dispatch_flatten`, children `(gda._arr,)`, node data the key below) and
-# executes directly. There, stock jaxlib 0.10.2 crashes the process (SIGSEGV,
-# 8 CPU devices) for an array that was already donated and for a call that
-# donates an array it also passes undonated (`f(donate(g), g)`,
-# `f(g.to_jax_array(), donate(g))`). The flatten function is the one piece of
+# path unpacks a GDA to its private `jax.Array` through
+# `tree_util.dispatch_registry` (`jax_dispatch.DispatchNodeEdit`: a custom
+# node whose flatten function is `dispatch_flatten`) and executes directly.
+# There, stock jaxlib crashes the process (SIGSEGV, 8 CPU devices; for plain
+# `jax.Array`s too) for an array that was already donated and for a call
+# that donates an array it also passes undonated (`f(donate(g), g)`,
+# `f(donate(g), g.to_jax_array())`). The flatten function is the one piece of
 # Python that C++ runs for every GDA argument of every call, and the node data
-# it returns is part of the C++ cache key, so that key decides which calls may
-# use a cached executable:
+# it returns is part of the C++ cache key: C++ compares it with `==` against
+# the node data of each cached call of the same shape, after flattening the
+# whole call and before running anything. So the node data decides which
+# calls may reuse a cached executable:
 #
-# * `None` (cacheable: the fast path) only when nothing but this GDA holds a
-#   reference to its `jax.Array`. Then no other argument of the call can be
-#   that array: every argument of a call is referenced by the call itself
-#   (C++ holds each leaf it has flattened, the caller holds the arguments),
-#   so an alias anywhere in the call -- the same GDA twice, two GDAs over one
-#   array, the GDA's own `to_jax_array()` -- shows as an extra reference.
-# * a fresh `object()` otherwise (deleted, or referenced elsewhere): it matches
-#   no cache entry, so the call takes the Python path, where
-#   `GlobalDeviceArray._checked_array` refuses a deleted array and
-#   `check_donated_args` refuses a donated alias, before anything runs.
+# * `None` (the plain fast path) when the GDA's private array has no other
+#   reference and no sibling alive: then no other argument of the call can
+#   share its buffers.
+# * an `_AliasKey` when its buffers may appear elsewhere in the call:
+#   `DUP` when the private array itself is referenced again (the same GDA
+#   earlier in this call: C++ holds every leaf it has flattened), `SHARED`
+#   when a sibling is alive (the `jax.Array` the GDA was made from, or one
+#   `to_jax_array()` returned, held by a variable or passed in this call:
+#   nothing can tell which, since C++ runs no Python for a `jax.Array` leaf).
+#   Its `__eq__` matches a cached call only when that executable cannot be
+#   hurt by the alias: it donates nothing, or (`SHARED`) it donates neither
+#   this GDA nor a plain `jax.Array` of its shape, dtype and sharding (which
+#   could be a sibling). Every other call takes the Python path, where
+#   `check_donated_args` sees the whole call.
+# * a fresh `object()` for a deleted GDA (matches nothing: the Python path
+#   raises the GDA-era error), `DISPATCH_OFF` while uninstalled.
 #
-# The price of soundness: while the program keeps another reference to a
-# GDA's `jax.Array` (`arr = gda.to_jax_array()` kept alive, or the array a GDA
-# was made from with `from_jax_array`), calls with that GDA take JAX's Python
-# dispatch path. Counting references cannot tell "held by a variable" from
-# "passed again in this call" (an earlier version tried, and a call could
-# then reuse an executable cached by a call with a different aliasing).
+# What the cached executable donates is recorded on the keys of the call that
+# filled the cache entry, by `check_donated_args` on that call's Python path.
 # ---------------------------------------------------------------------------
-
-import sys as _sys  # noqa: E402
 
 _getrefcount = _sys.getrefcount
 
@@ -264,17 +352,131 @@ def _sole_owner_refcount() -> int:
   return _getrefcount(arr)
 
 
+def _read_one_call_deeper(probe: _RefcountProbe) -> int:
+  arr = probe._arr
+  return _getrefcount(arr)
+
+
+def _sole_owner_refcount_in_slow_key() -> int:
+  """The same, read one call deeper, as `_slow_key` reads it."""
+  probe = _RefcountProbe()
+  probe._arr = object()
+  arr = probe._arr  # noqa: F841 - `dispatch_flatten`'s local
+  return _read_one_call_deeper(probe)
+
+
 _SOLE_OWNER = _sole_owner_refcount()
+_SOLE_OWNER_IN_SLOW_KEY = _sole_owner_refcount_in_slow_key()
+
+DUP = "dup"
+SHARED = "shared"
+
+
+class _Executable:
+  """What a cached call's executable donates (recorded on its Python path)."""
+
+  __slots__ = ("donates", "donated", "donates_a_jax_array_like_it")
+
+  def __init__(self, donates: bool, donated: bool, donates_a_jax_array_like_it: bool):
+    self.donates = donates  # any argument
+    self.donated = donated  # the GDA this key belongs to
+    # a plain `jax.Array` argument of the GDA's shape, dtype and sharding, so
+    # possibly one of its siblings (C++ keys calls by those, so every call
+    # that matches this entry has the same)
+    self.donates_a_jax_array_like_it = donates_a_jax_array_like_it
+
+  def safe_for(self, kind: str) -> bool:
+    if not self.donates:
+      return True  # an alias only matters when a buffer is donated
+    return kind is SHARED and not self.donated and not self.donates_a_jax_array_like_it
+
+
+_UNKNOWN = _Executable(True, True, True)
+"""Recorded when the Python path could not read the call's donation."""
+
+
+class _AliasKey:
+  """Node data of a GDA whose buffers may appear elsewhere in the call."""
+
+  __slots__ = ("kind", "executable", "thread")
+
+  def __init__(self, kind: str):
+    self.kind = kind
+    self.executable: _Executable | None = None
+    self.thread = _threading.get_ident()
+
+  def __eq__(self, other: object) -> bool:
+    if type(other) is not _AliasKey or other.kind is not self.kind:
+      return False
+    # One side is the cached call's key; the other is new and has no record.
+    executable = self.executable or other.executable
+    # No record: no GDA of the cached call reached `shard_arg_handlers`, so
+    # this argument is not passed to its executable (pruned as unused), or
+    # the call failed and its entry sends every call to the Python path.
+    return executable is None or executable.safe_for(self.kind)
+
+  __hash__ = object.__hash__  # C++ compares node data; it never hashes it
+
+  def __repr__(self) -> str:
+    return f"<GDA dispatch key {self.kind}>"
+
+
+def _record_call(info, gdas, GlobalDeviceArray) -> None:
+  """Record the running executable's donation on its GDAs' dispatch keys."""
+  if info is None:
+    for g in gdas:
+      _record(g, _UNKNOWN)
+    return
+  donates = any(info.donated)
+  donated_gdas: set[int] = set()
+  donated_like: set[tuple] = set()
+  for x, d in zip(info.args, info.donated, strict=True):
+    if d and type(x) is GlobalDeviceArray:
+      donated_gdas.add(id(x))
+    elif d and type(x) is jax_tables.ArrayImpl:
+      donated_like.add(_like(x))
+  for x in info.args:
+    if type(x) is GlobalDeviceArray and x._key is not None:
+      _record(x, _Executable(donates, id(x) in donated_gdas,
+                             bool(donated_like) and _like(x._arr) in donated_like))
+
+
+def _like(arr: Any) -> tuple:
+  return (arr.shape, arr.dtype, arr.sharding)
+
+
+def _record(gda: Any, executable: _Executable) -> None:
+  key = gda._key
+  if key is None:
+    return
+  gda._key = None
+  if key.executable is None and key.thread == _threading.get_ident():
+    key.executable = executable
 
 
 def dispatch_flatten(gda: Any) -> tuple[tuple[Any], Any]:
-  """How jit's C++ dispatch flattens a GDA: `((its jax.Array,), node data)`.
-
-  The node data is the key described above: `None` for a sole owner, else a
-  fresh `object()`, or `DISPATCH_OFF` while uninstalled.
-  """
+  """How jit's C++ dispatch flattens a GDA: `((its private jax.Array,), node data)`."""
   arr = gda._arr
-  if _getrefcount(arr) == _SOLE_OWNER and gda._dispatch_off is None and not arr.is_deleted():
+  if (_getrefcount(arr) == _SOLE_OWNER and gda._family is None
+      and gda._dispatch_off is None and not arr.is_deleted()):
     return (arr,), None
-  off = gda._dispatch_off  # uninstalled: a key no warm entry has
-  return (arr,), (object() if off is None else off)  # object(): never cached
+  key = _slow_key(gda)  # before `(arr,)` exists: it would hold one more reference
+  return (arr,), key
+
+
+def _slow_key(gda: Any) -> Any:
+  arr = gda._arr
+  off = gda._dispatch_off
+  if off is not None:
+    return off  # uninstalled: a key no warm entry has
+  if arr.is_deleted():
+    return object()  # never cached: the Python path raises
+  if _getrefcount(arr) > _SOLE_OWNER_IN_SLOW_KEY:
+    key = _AliasKey(DUP)
+  elif gda._family is not None and gda._family.others_alive(arr):
+    key = _AliasKey(SHARED)
+  else:
+    gda._family = None  # every sibling is gone: the plain fast path again
+    return None
+  gda._key = key
+  return key

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from jax_sharding_ext import _transfer
+from jax_sharding_ext import _donation, _transfer
 from jax_sharding_ext._gda_base import (  # noqa: F401 - FROM_GDA and Shard are public here too
   FROM_GDA,
   Shard,
@@ -48,11 +48,34 @@ from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, layout
 from jax_sharding_ext._surface import _ArraySurface
 
+class GdaShape(tuple):
+  """A GDA's shape: a plain tuple that also remembers the GDA's `mesh_axes`.
+
+  Libraries that describe a restore target by its shape, dtype and sharding
+  (orbax's `construct_restore_args`, used by `StandardRestore`) copy the
+  shape object; `orbax_support` reads `mesh_axes` from it to restore a GDA
+  where the target held one.
+  """
+
+  def __new__(cls, shape, gda: GlobalDeviceArray):
+    self = super().__new__(cls, shape)
+    self._axes = gda._mesh_axes, gda._arr.sharding
+    return self
+
+  @property
+  def mesh_axes(self) -> MeshAxes:
+    axes, sharding = self._axes
+    return sharding.spec if axes is _FROM_SHARDING else axes
+
+  def __reduce__(self):
+    return (tuple, (tuple(self),))  # pickles as the plain tuple it is
+
+
 _FROM_SHARDING = object()
 """`_mesh_axes` of a GDA made by `_wrap` until first read: the array's spec."""
 
 
-class GlobalDeviceArray(_ArraySurface):
+class GlobalDeviceArray(_ArraySurface, jax.Array):
   """A logical array sharded across the devices (and processes) of a mesh.
 
   Each process holds a `GlobalDeviceArray` for the same global array; it can
@@ -79,7 +102,8 @@ class GlobalDeviceArray(_ArraySurface):
     (slice(0, 2, None), slice(0, 1, None))
   """
 
-  __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched", "__weakref__")
+  __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched", "_family",
+               "_key", "__weakref__")
   __array_priority__ = 100
 
   # A GDA is always committed to its devices (read by `jax.jit`).
@@ -105,6 +129,10 @@ class GlobalDeviceArray(_ArraySurface):
     # Set by the first fetch to the host (`_transfer.py`); later fetches read
     # the host copy, as for a `jax.Array`, and are not transfers.
     self._host_fetched = False
+    # The objects sharing `_arr`'s buffers, and the key of the last jit call
+    # that flattened this GDA on a slow key (`_donation.py`).
+    self._family = None
+    self._key = None
 
   @classmethod
   def _wrap(cls, arr: jax.Array, mesh_axes: MeshAxes | None = None) -> GlobalDeviceArray:
@@ -141,11 +169,17 @@ class GlobalDeviceArray(_ArraySurface):
           "deleted or donated.")
     if not jax_tables.is_plain_dtype(arr.dtype):
       raise TypeError(_extended_dtype_error(arr.dtype, "The `jax.Array`"))
-    return cls._wrap(arr)
+    self = cls._wrap(arr)
+    self._arr = _donation.sibling_of(self, arr)
+    return self
 
   def to_jax_array(self) -> jax.Array:
-    """Return the `jax.Array` this GDA views (the same buffers; no copy)."""
-    return self._checked_array("convert it with `to_jax_array()`")
+    """Return a `jax.Array` over this GDA's buffers (no copy).
+
+    It shares the buffers, deletion and donation with the GDA: deleting or
+    donating either deletes both, as for two names of one array.
+    """
+    return _donation.sibling_of(self, self._checked_array("convert it with `to_jax_array()`"))
 
   @property
   def __jax_array__(self) -> Callable[[], jax.Array]:
@@ -300,7 +334,7 @@ class GlobalDeviceArray(_ArraySurface):
 
   @property
   def shape(self) -> Shape:
-    return tuple(self._arr.shape)
+    return GdaShape(self._arr.shape, self)
 
   @property
   def dtype(self) -> np.dtype:
@@ -438,6 +472,7 @@ class GlobalDeviceArray(_ArraySurface):
         "pjit(lambda x, y: x == y, "
         "in_axis_resources=FROM_GDA, out_axis_resources=None)")
 
+  __ne__ = __eq__  # `jax.Array` declares `__ne__` abstract; `!=` keeps the same error
   __hash__ = None  # type: ignore[assignment]
 
   def __str__(self) -> str:
@@ -515,4 +550,6 @@ def _rebuild(key: Any, children: Sequence[jax.Array]) -> GlobalDeviceArray:
   self._mesh_axes = _FROM_SHARDING
   self._local_shards = None
   self._host_fetched = False
+  self._family = None
+  self._key = None
   return self

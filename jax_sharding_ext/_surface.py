@@ -41,6 +41,7 @@ PUBLIC_METHODS = (
     "itemsize", "mT", "max", "mean", "min", "nonzero", "prod", "ptp", "ravel", "real",
     "repeat", "reshape", "round", "searchsorted", "sort", "squeeze", "std", "sum",
     "swapaxes", "take", "to_device", "trace", "transpose", "var", "view",
+    "_split", "_multi_slice",
 )
 """Public names of `jax.Array` forwarded as they are (the GDA defines the rest)."""
 

@@ -1,27 +1,21 @@
 """Orbax checkpointing for pytrees with `GlobalDeviceArray` leaves.
 
-Importing this module registers `GdaHandler` in orbax's public type-handler
-registry (`orbax.checkpoint.type_handlers.register_type_handler`) for GDA
-and `jax.Array` leaves (for `jax.Array` it behaves exactly as orbax's own
-`ArrayHandler`, whose options it copies), so
-`PyTreeCheckpointer` / `CheckpointManager` with `PyTreeSave` save a GDA leaf
-exactly as a `jax.Array`: shard by shard, each process its own shards, no
-whole-array fetch, under orbax's `jax.Array` type string. Stock orbax (with or
-without this package) therefore restores those leaves as `jax.Array`s.
+A GDA is a `jax.Array`, so orbax saves GDA leaves with its `jax.Array`
+handler: shard by shard, each process its own shards, no whole-array fetch,
+under orbax's `jax.Array` type string (stock orbax, with or without this
+package, reads them back as `jax.Array`s). Importing this module makes that
+handler a `GdaHandler`, a copy of orbax's registered `ArrayHandler` (same
+options) that also restores GDAs:
 
-To restore as GDAs, ask for them in the restore args:
+* where the target pytree holds a GDA (`StandardRestore(state)`,
+  `PyTreeRestore(item=state)` with `construct_restore_args`): a GDA on the
+  target's mesh with the target's `mesh_axes`;
+* where the restore args ask for one:
+  `ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, mesh=mesh, mesh_axes=P("x"))`,
+  `gda_restore_args(mesh, mesh_axes)`, or `restore_args_for(target)`.
 
-  ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, mesh=mesh, mesh_axes=P("x"))
-
-or let `restore_args_for(target)` build them from a target pytree (GDA leaves
-restore as GDAs on the target's mesh and mesh axes; other leaves as orbax's
-`checkpoint_utils.construct_restore_args` says).
-
-`StandardCheckpointer` is different: it turns every leaf that is not a numpy
-array or `jax.Array` but has `__array__` into numpy before any handler sees
-it, which for a GDA is a fetch of the whole array to one host (a
-`RuntimeError` across processes). Give it `as_jax_arrays(tree)` (zero-copy
-views) instead, and `as_gdas(restored)` afterwards.
+`as_jax_arrays` / `as_gdas` convert a pytree's leaves both ways (zero-copy);
+no orbax call needs them.
 
 Needs orbax-checkpoint: `pip install 'jax-sharding-ext[checkpoint]'`.
 """
@@ -43,7 +37,7 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 import jax
 from jax.sharding import NamedSharding
 
-from jax_sharding_ext._gda import GlobalDeviceArray
+from jax_sharding_ext._gda import GdaShape, GlobalDeviceArray
 from jax_sharding_ext._shard_math import layout
 
 __all__ = ["GdaHandler", "as_gdas", "as_jax_arrays", "gda_restore_args", "restore_args_for"]
@@ -71,13 +65,18 @@ class GdaHandler(type_handlers.ArrayHandler):
 
 
 def _as_requested(arr: Any, arg: Any) -> Any:
-  if getattr(arg, "restore_type", None) is not GlobalDeviceArray:
+  if getattr(arg, "restore_type", None) is GlobalDeviceArray:
+    mesh_axes = getattr(arg, "mesh_axes", None)
+  elif isinstance(getattr(arg, "global_shape", None), GdaShape):  # the target was a GDA
+    mesh_axes = arg.global_shape.mesh_axes
+    if layout(arr.shape, arr.sharding.mesh, mesh_axes).spec != arr.sharding.spec:
+      mesh_axes = None  # restored to another sharding than the target's
+  else:
     return arr
   if not isinstance(arr.sharding, NamedSharding):
     raise ValueError(
         "Restoring as a GlobalDeviceArray needs a NamedSharding (or `mesh` and "
         f"`mesh_axes`) in the ArrayRestoreArgs, got sharding {arr.sharding}.")
-  mesh_axes = getattr(arg, "mesh_axes", None)
   return GlobalDeviceArray._wrap(arr, mesh_axes)
 
 
@@ -122,13 +121,13 @@ def as_gdas(tree: Any) -> Any:
 
 
 def _register() -> None:
-  """Make orbax use one `GdaHandler` for `jax.Array` and GDA leaves (idempotent).
+  """Make orbax's `jax.Array` handler a `GdaHandler` (idempotent).
 
   The handler is a copy of the one orbax has registered for `jax.Array` (same
   options, same ArrayMetadata store) whose class is `GdaHandler`: it handles
-  `jax.Array` leaves exactly as before. One instance for both matters: orbax
-  batches leaves per handler and each batch writes the process's ArrayMetadata
-  file, so two handlers would overwrite each other's.
+  `jax.Array` leaves exactly as before. Orbax finds a handler by `issubclass`,
+  so GDA leaves (a `jax.Array` subclass) get the same one; registering the
+  GDA type itself would replace the `jax.Array` entry.
   """
   base = type_handlers.get_type_handler(jax.Array)
   if isinstance(base, GdaHandler):
@@ -138,10 +137,9 @@ def _register() -> None:
       "GdaHandler", (GdaHandler, type(base)), {})
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
-  absl_logger.setLevel(logging.ERROR)  # orbax warns of the intended overrides
+  absl_logger.setLevel(logging.ERROR)  # orbax warns of the intended override
   try:
     type_handlers.register_type_handler(jax.Array, handler, override=True)
-    type_handlers.register_type_handler(GlobalDeviceArray, handler, override=True)
   finally:
     absl_logger.setLevel(level)
 

@@ -391,3 +391,18 @@ def test_rebase_donate_argnums_overlap_raises():
   assert "[2]" in str(e.value)
   with pytest.raises(ValueError, match="cannot intersect"):
     pjit(lambda x, y: x, static_argnums=1, donate_argnums=(0, 1))
+
+
+def test_donated_jax_array_next_to_a_gda_over_its_buffers_on_the_warm_path(mesh_2d):
+  """A cached call that donated a plain `jax.Array` of a GDA's shape, dtype
+  and sharding never lets a later call with a sibling of that GDA skip the
+  check: the donated array may be that sibling."""
+  step = jax.jit(lambda state, b: state + b, donate_argnums=0)
+  batch, data = _gda(mesh_2d)
+  held = batch.to_jax_array()  # the batch's buffers stay shared
+  for _ in range(3):
+    step(jnp.copy(held), batch)
+  with pytest.raises(RuntimeError, match="Cannot donate"):
+    step(held, batch)
+  assert not batch.is_deleted()
+  np.testing.assert_array_equal(np.asarray(batch), data)
