@@ -48,6 +48,7 @@ from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, layout
 from jax_sharding_ext._surface import _ArraySurface
 
+
 class GdaShape(tuple):
   """A GDA's shape: a plain tuple that also remembers the GDA's `mesh_axes`.
 
