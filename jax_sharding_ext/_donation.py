@@ -313,16 +313,17 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
 # * `None` (the plain fast path) when the GDA's private array has no other
 #   reference and no sibling alive: then no other argument of the call can
 #   share its buffers.
-# * an `_AliasKey` when its buffers may appear elsewhere in the call:
-#   `DUP` when the private array itself is referenced again (the same GDA
-#   earlier in this call: C++ holds every leaf it has flattened), `SHARED`
-#   when a sibling is alive (the `jax.Array` the GDA was made from, or one
-#   `to_jax_array()` returned, held by a variable or passed in this call:
-#   nothing can tell which, since C++ runs no Python for a `jax.Array` leaf).
-#   Its `__eq__` matches a cached call only when that executable cannot be
-#   hurt by the alias: it donates nothing, or (`SHARED`) it donates neither
-#   this GDA nor a plain `jax.Array` of its shape, dtype and sharding (which
-#   could be a sibling). Every other call takes the Python path, where
+# * an `_AliasKey` when its buffers may appear elsewhere in the call: its
+#   private array is referenced again (the same GDA earlier in this call:
+#   C++ holds every leaf it has flattened), or a sibling is alive (the
+#   `jax.Array` the GDA was made from, or one `to_jax_array()` returned, held
+#   by a variable or passed in this call: nothing can tell which, since C++
+#   runs no Python for a `jax.Array` leaf). An alias always has the GDA's
+#   shape, dtype and sharding, and C++ only matches calls whose arguments
+#   have the same ones at the same places. So the key's `__eq__` matches a
+#   cached call whenever that call's executable could not be hurt: it
+#   donates no argument like the GDA, or the GDA is the only argument like
+#   itself. Every other call takes the Python path, where
 #   `check_donated_args` sees the whole call.
 # * a fresh `object()` for a deleted GDA (matches nothing: the Python path
 #   raises the GDA-era error), `DISPATCH_OFF` while uninstalled.
@@ -368,90 +369,62 @@ def _sole_owner_refcount_in_slow_key() -> int:
 _SOLE_OWNER = _sole_owner_refcount()
 _SOLE_OWNER_IN_SLOW_KEY = _sole_owner_refcount_in_slow_key()
 
-DUP = "dup"
-SHARED = "shared"
-
-
-class _Executable:
-  """What a cached call's executable donates (recorded on its Python path)."""
-
-  __slots__ = ("donates", "donated", "donates_a_jax_array_like_it")
-
-  def __init__(self, donates: bool, donated: bool, donates_a_jax_array_like_it: bool):
-    self.donates = donates  # any argument
-    self.donated = donated  # the GDA this key belongs to
-    # a plain `jax.Array` argument of the GDA's shape, dtype and sharding, so
-    # possibly one of its siblings (C++ keys calls by those, so every call
-    # that matches this entry has the same)
-    self.donates_a_jax_array_like_it = donates_a_jax_array_like_it
-
-  def safe_for(self, kind: str) -> bool:
-    if not self.donates:
-      return True  # an alias only matters when a buffer is donated
-    return kind is SHARED and not self.donated and not self.donates_a_jax_array_like_it
-
-
-_UNKNOWN = _Executable(True, True, True)
-"""Recorded when the Python path could not read the call's donation."""
-
-
 class _AliasKey:
   """Node data of a GDA whose buffers may appear elsewhere in the call."""
 
-  __slots__ = ("kind", "executable", "thread")
+  __slots__ = ("safe", "thread")
 
-  def __init__(self, kind: str):
-    self.kind = kind
-    self.executable: _Executable | None = None
+  def __init__(self):
+    # Recorded by the Python path of the call that fills the cache entry.
+    self.safe: bool | None = None
     self.thread = _threading.get_ident()
 
   def __eq__(self, other: object) -> bool:
-    if type(other) is not _AliasKey or other.kind is not self.kind:
+    if type(other) is not _AliasKey:
       return False
     # One side is the cached call's key; the other is new and has no record.
-    executable = self.executable or other.executable
+    safe = self.safe if other.safe is None else other.safe
     # No record: no GDA of the cached call reached `shard_arg_handlers`, so
     # this argument is not passed to its executable (pruned as unused), or
     # the call failed and its entry sends every call to the Python path.
-    return executable is None or executable.safe_for(self.kind)
+    return safe is None or safe
 
   __hash__ = object.__hash__  # C++ compares node data; it never hashes it
 
   def __repr__(self) -> str:
-    return f"<GDA dispatch key {self.kind}>"
+    return "<GDA dispatch key: buffers possibly shared>"
 
 
 def _record_call(info, gdas, GlobalDeviceArray) -> None:
-  """Record the running executable's donation on its GDAs' dispatch keys."""
-  if info is None:
+  """Record on the call's dispatch keys whether an alias could hurt its executable."""
+  if info is None:  # the donation could not be read: never skip the check
     for g in gdas:
-      _record(g, _UNKNOWN)
+      _record(g, False)
     return
-  donates = any(info.donated)
-  donated_gdas: set[int] = set()
-  donated_like: set[tuple] = set()
-  for x, d in zip(info.args, info.donated, strict=True):
-    if d and type(x) is GlobalDeviceArray:
-      donated_gdas.add(id(x))
-    elif d and type(x) is jax_tables.ArrayImpl:
-      donated_like.add(_like(x))
+  like: dict[tuple, list[int]] = {}  # (shape, dtype, sharding) -> [args, donated]
+  for x, donated in zip(info.args, info.donated, strict=True):
+    arr = x._arr if type(x) is GlobalDeviceArray else x
+    if type(arr) is jax_tables.ArrayImpl:
+      counts = like.setdefault(_like(arr), [0, 0])
+      counts[0] += 1
+      counts[1] += bool(donated)
   for x in info.args:
     if type(x) is GlobalDeviceArray and x._key is not None:
-      _record(x, _Executable(donates, id(x) in donated_gdas,
-                             bool(donated_like) and _like(x._arr) in donated_like))
+      n_like, n_donated = like[_like(x._arr)]
+      _record(x, n_like == 1 or n_donated == 0)
 
 
 def _like(arr: Any) -> tuple:
   return (arr.shape, arr.dtype, arr.sharding)
 
 
-def _record(gda: Any, executable: _Executable) -> None:
+def _record(gda: Any, safe: bool) -> None:
   key = gda._key
   if key is None:
     return
   gda._key = None
-  if key.executable is None and key.thread == _threading.get_ident():
-    key.executable = executable
+  if key.safe is None and key.thread == _threading.get_ident():
+    key.safe = safe
 
 
 def dispatch_flatten(gda: Any) -> tuple[tuple[Any], Any]:
@@ -471,12 +444,9 @@ def _slow_key(gda: Any) -> Any:
     return off  # uninstalled: a key no warm entry has
   if arr.is_deleted():
     return object()  # never cached: the Python path raises
-  if _getrefcount(arr) > _SOLE_OWNER_IN_SLOW_KEY:
-    key = _AliasKey(DUP)
-  elif gda._family is not None and gda._family.others_alive(arr):
-    key = _AliasKey(SHARED)
-  else:
+  if _getrefcount(arr) == _SOLE_OWNER_IN_SLOW_KEY and (
+      gda._family is None or not gda._family.others_alive(arr)):
     gda._family = None  # every sibling is gone: the plain fast path again
     return None
-  gda._key = key
+  key = gda._key = _AliasKey()
   return key

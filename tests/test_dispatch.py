@@ -144,16 +144,35 @@ def test_shared_buffers_keep_the_fast_path_next_to_donated_state(mesh_2d, flag):
   np.testing.assert_array_equal(np.asarray(state), _gda(mesh_2d)[1] + 22 * 32)
 
 
-def test_a_donated_gda_with_shared_buffers_is_checked(mesh_2d):
-  """Donating a GDA whose buffers a live `jax.Array` shares takes the
-  Python path, which sees the whole call: that array may be in it."""
-  step = jax.jit(lambda state, b: state + b, donate_argnums=0)
-  batch = jnp.ones((8, 8))
+def test_a_donated_gda_with_shared_buffers(mesh_2d):
+  """Donating a GDA whose buffers a live `jax.Array` shares stays on the fast
+  path when no other argument has its shape, dtype and sharding (so none
+  can be that array), and is refused when one is that array."""
+  sharding = NamedSharding(mesh_2d, P("x", "y"))
+  step = jax.jit(lambda state, b: state + b.sum(), donate_argnums=0)
+  batch = jax.device_put(np.ones((8, 4), np.float32), sharding)
+
+  def fresh_held():
+    x = jax.device_put(np.arange(64, dtype=np.float32).reshape(8, 8), sharding)
+    return GlobalDeviceArray.from_jax_array(x), x
+
+  for _ in range(2):
+    g, x = fresh_held()
+    step(g, batch)
+  with jtu.count_pjit_cpp_cache_miss() as count:
+    for _ in range(10):
+      g, x = fresh_held()
+      out = step(g, batch)
+      assert x.is_deleted()  # donated: one array, two names
+  assert count() == 0 and step._cache_size() == 1
+  np.testing.assert_array_equal(np.asarray(out), np.arange(64).reshape(8, 8) + 32)
+
+  same = jax.jit(lambda state, b: state + b, donate_argnums=0)
   for _ in range(3):
-    step(_gda(mesh_2d)[0], batch)
-  gda, data = _gda(mesh_2d)
-  kept = gda.to_jax_array()
+    same(fresh_held()[0], jax.device_put(np.ones((8, 8), np.float32), sharding))
+  g, x = fresh_held()
   with pytest.raises(RuntimeError, match="Cannot donate"):
-    step(gda, kept)
-  np.testing.assert_array_equal(np.asarray(step(gda, batch)), data + 1)
-  assert gda.is_deleted() and kept.is_deleted()  # one array, two names
+    same(g, x)
+  assert not g.is_deleted()
+  expected = 2 * np.asarray(x)
+  np.testing.assert_array_equal(np.asarray(same(g, jnp.copy(x))), expected)
