@@ -1,6 +1,10 @@
 """Dispatch cost of a tiny jitted function: GlobalDeviceArray vs jax.Array.
 
-Targets (issue 6): GDA within 1.3x of jax.Array on 1 device, 1.1x on 8.
+Targets: GDA within 1.3x of jax.Array on 1 device, 1.1x on 8. A GDA whose
+buffers the program also holds (the `jax.Array` it was made from, or one
+`to_jax_array()` returned, kept in a variable) within 1.15x of a sole-owner
+GDA, for a function that donates nothing and for a donating step, with the
+jitted function's C++ cache size constant.
 Run: .venv/bin/python benchmarks/bench_dispatch.py
 """
 
@@ -40,6 +44,7 @@ def run(n: int = 2000) -> list[dict]:
           "GlobalDeviceArray": lambda f=f, g=gdas: jax.block_until_ready(f(*g)),
       }, n=n)
       rows += _common.report(f"dispatch, {n_dev} device(s), {n_args} arg(s)", res, "jax.Array")
+    rows += _shared_buffers(n, n_dev, sharding, fresh_array, fresh_gda)
     with parallel_functions_output_gda(True):
       f = jax.jit(lambda x: x + 1)
       res = _common.interleaved({
@@ -48,6 +53,65 @@ def run(n: int = 2000) -> list[dict]:
       }, n=n)
       rows += _common.report(f"dispatch, {n_dev} device(s), output flag on", res, "jax.Array")
   return rows
+
+
+def _shared_buffers(n, n_dev, sharding, fresh_array, fresh_gda) -> list[dict]:
+  """Sole-owner GDA vs a GDA whose buffers a live `jax.Array` also holds."""
+  rows = []
+  x = fresh_array()
+  made_from_x = GlobalDeviceArray.from_jax_array(x)  # `x` stays alive
+  viewed = fresh_gda()
+  view = viewed.to_jax_array()  # kept alive
+  sole = fresh_gda()
+  f = jax.jit(lambda v: v * 2)
+  res = _common.interleaved({
+      "sole owner": lambda g=sole: f(g).block_until_ready(),
+      "made from a kept jax.Array": lambda g=made_from_x: f(g).block_until_ready(),
+      "to_jax_array() kept": lambda g=viewed: f(g).block_until_ready(),
+  }, n=n)
+  rows += _common.report(f"shared buffers, {n_dev} device(s), no donation", res, "sole owner")
+  rows += _cache_rows(f"shared buffers, {n_dev} device(s), no donation", f,
+                      lambda: f(made_from_x))
+  # A donating training step: the state chain is donated, the batch GDA
+  # shares its buffers with a kept `jax.Array` (or not).
+  step = jax.jit(lambda state, b: state + b.sum(), donate_argnums=0)
+  batch_x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(sharding.mesh, P("x")))
+  shared_batch = GlobalDeviceArray.from_jax_array(batch_x)
+  sole_batch = GlobalDeviceArray.from_jax_array(jax.device_put(batch_x, batch_x.sharding,
+                                                               may_alias=False))
+  states = {"sole owner": fresh_gda(), "batch made from a kept jax.Array": fresh_gda()}
+
+  def stepper(name, batch):
+    def call():
+      states[name] = step(states[name], batch)
+      states[name].block_until_ready()
+    return call
+
+  with parallel_functions_output_gda(True):
+    res = _common.interleaved({
+        "sole owner": stepper("sole owner", sole_batch),
+        "batch made from a kept jax.Array": stepper("batch made from a kept jax.Array",
+                                                    shared_batch),
+    }, n=n)
+    rows += _common.report(f"shared buffers, {n_dev} device(s), donating step", res,
+                           "sole owner")
+    name = "batch made from a kept jax.Array"
+    rows += _cache_rows(f"shared buffers, {n_dev} device(s), donating step", step,
+                        stepper(name, shared_batch))
+  del x, view
+  return rows
+
+
+def _cache_rows(title: str, f, call, calls: int = 500) -> list[dict]:
+  """The jitted function's C++ cache size before and after `calls` more calls."""
+  before = f._cache_size()
+  for _ in range(calls):
+    call()
+  after = f._cache_size()
+  print(f"  C++ cache entries: {before} before, {after} after {calls} more calls")
+  return [{"benchmark": title, "variant": f"cache entries added by {calls} calls",
+           "median": float(after - before), "unit": "entries", "ratio": float("nan"),
+           "base": "-"}]
 
 
 if __name__ == "__main__":

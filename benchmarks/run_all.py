@@ -4,7 +4,7 @@ Runs each `bench_*.py` module's `run()` in this process (the import-time
 benchmark starts its own fresh subprocesses), prints their output as it goes,
 then writes a markdown report: date, versions, machine, device count, one row
 per (benchmark, variant) with its median and ratio, and whether each target of
-issues 3-6, 12 and 15 was met.
+issues 3-6, 12, 15 and 20 was met.
 
 Run: `make bench`, or `.venv/bin/python benchmarks/run_all.py [--quick]
 [--only NAME ...] [--output PATH]`. `--quick` uses far fewer iterations (a
@@ -80,6 +80,13 @@ def _dispatch(n_dev: int, case: str, limit: float) -> Target:
                 "{:.2f}x", lambda v, limit=limit: v <= limit)
 
 
+def _shared(n_dev: int, case: str, variant: str) -> Target:
+  return Target(20, f"shared buffers, {n_dev} device(s), {case}: {variant} / sole owner",
+                "<= 1.15x", _ratio(f"shared buffers, {n_dev} device(s), {case}",
+                                  variant, "sole owner"),
+                "{:.2f}x", lambda v: v <= 1.15)
+
+
 _GUARD = "guard check on a GDA implicit fetch"
 _FETCH1 = "implicit fetch of a fresh (8, 2) float32 array, 1 device"
 _DONATION = "donation: peak live bytes"
@@ -112,12 +119,20 @@ TARGETS: list[Target] = [
     Target(5, "peak live bytes: GDA+donation / GDA without donation", "about 0.5x (0.45-0.55)",
            _ratio(_DONATION, "GDA, donate=True", "GDA, donate=False"),
            "{:.3f}x", lambda v: abs(v - 0.5) <= 0.05),
+    *(Target(20, f"shared buffers, {n_dev} device(s), {case}: C++ cache entries added by "
+             "500 calls", "0", lambda r, t=f"shared buffers, {n_dev} device(s), {case}":
+             r.median(t, "cache entries added by 500 calls"), "{:.0f}", lambda v: v == 0)
+      for n_dev in (1, 8) for case in ("no donation", "donating step")),
     _dispatch(1, "1 arg(s)", 1.3),
     _dispatch(1, "10 arg(s)", 1.3),
     _dispatch(1, "output flag on", 1.3),
     _dispatch(8, "1 arg(s)", 1.1),
     _dispatch(8, "10 arg(s)", 1.1),
     _dispatch(8, "output flag on", 1.1),
+    *(_shared(n_dev, case, variant) for n_dev in (1, 8)
+      for case, variant in (("no donation", "made from a kept jax.Array"),
+                            ("no donation", "to_jax_array() kept"),
+                            ("donating step", "batch made from a kept jax.Array"))),
     Target(6, "construction throughput: from_callback / make_array_from_callback", ">= 0.95x",
            _ratio(_CONSTRUCTION, "GlobalDeviceArray.from_callback",
                   "jax.make_array_from_callback"),
@@ -214,7 +229,7 @@ def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: boo
       f"- Devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}); "
       f"XLA_FLAGS=`{env['XLA_FLAGS']}`",
       "",
-      "## Targets (issues 3-6, 12 and 15)",
+      "## Targets (issues 3-6, 12, 15 and 20)",
       "",
       "| Issue | Target | Goal | Measured | Status |",
       "|---|---|---|---|---|",

@@ -168,7 +168,11 @@ class _Family:
     self.members: list[_weakref.ref] = []
 
   def others_alive(self, arr: Any) -> bool:
-    return any((m := ref()) is not None and m is not arr for ref in self.members)
+    for ref in self.members:
+      m = ref()
+      if m is not None and m is not arr:
+        return True
+    return False
 
 
 _family_of: dict[int, tuple[_weakref.ref, _Family]] = {}
@@ -333,6 +337,7 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
 # ---------------------------------------------------------------------------
 
 _getrefcount = _sys.getrefcount
+_get_ident = _threading.get_ident
 
 
 class _RefcountProbe:
@@ -353,21 +358,8 @@ def _sole_owner_refcount() -> int:
   return _getrefcount(arr)
 
 
-def _read_one_call_deeper(probe: _RefcountProbe) -> int:
-  arr = probe._arr
-  return _getrefcount(arr)
-
-
-def _sole_owner_refcount_in_slow_key() -> int:
-  """The same, read one call deeper, as `_slow_key` reads it."""
-  probe = _RefcountProbe()
-  probe._arr = object()
-  arr = probe._arr  # noqa: F841 - `dispatch_flatten`'s local
-  return _read_one_call_deeper(probe)
-
-
 _SOLE_OWNER = _sole_owner_refcount()
-_SOLE_OWNER_IN_SLOW_KEY = _sole_owner_refcount_in_slow_key()
+
 
 class _AliasKey:
   """Node data of a GDA whose buffers may appear elsewhere in the call."""
@@ -377,17 +369,16 @@ class _AliasKey:
   def __init__(self):
     # Recorded by the Python path of the call that fills the cache entry.
     self.safe: bool | None = None
-    self.thread = _threading.get_ident()
+    self.thread = _get_ident()
 
   def __eq__(self, other: object) -> bool:
-    if type(other) is not _AliasKey:
-      return False
     # One side is the cached call's key; the other is new and has no record.
-    safe = self.safe if other.safe is None else other.safe
-    # No record: no GDA of the cached call reached `shard_arg_handlers`, so
-    # this argument is not passed to its executable (pruned as unused), or
-    # the call failed and its entry sends every call to the Python path.
-    return safe is None or safe
+    # No record at all (no GDA of the cached call reached
+    # `shard_arg_handlers`: it failed, or never passed this argument to its
+    # executable) matches nothing.
+    if type(other) is _AliasKey:
+      return bool(self.safe or other.safe)
+    return False  # `None`, a deleted GDA's or an uninstalled key
 
   __hash__ = object.__hash__  # C++ compares node data; it never hashes it
 
@@ -423,30 +414,39 @@ def _record(gda: Any, safe: bool) -> None:
   if key is None:
     return
   gda._key = None
-  if key.safe is None and key.thread == _threading.get_ident():
+  if key.safe is None and key.thread == _get_ident():
     key.safe = safe
 
 
 def dispatch_flatten(gda: Any) -> tuple[tuple[Any], Any]:
   """How jit's C++ dispatch flattens a GDA: `((its private jax.Array,), node data)`."""
   arr = gda._arr
-  if (_getrefcount(arr) == _SOLE_OWNER and gda._family is None
-      and gda._dispatch_off is None and not arr.is_deleted()):
-    return (arr,), None
-  key = _slow_key(gda)  # before `(arr,)` exists: it would hold one more reference
+  if _getrefcount(arr) == _SOLE_OWNER and gda._dispatch_off is None and not arr.is_deleted():
+    family = gda._family
+    if family is None:
+      return (arr,), None
+    if not family.others_alive(arr):
+      gda._family = None  # every sibling is gone: the plain fast path again
+      return (arr,), None
+    key = gda._key  # unrecorded, so no cache entry relies on it: reusable
+    if key is None or key.thread != _get_ident():
+      key = _alias_key(gda)
+  else:
+    key = _slow_key(gda)
   return (arr,), key
 
 
 def _slow_key(gda: Any) -> Any:
-  arr = gda._arr
   off = gda._dispatch_off
   if off is not None:
     return off  # uninstalled: a key no warm entry has
-  if arr.is_deleted():
+  if gda._arr.is_deleted():
     return object()  # never cached: the Python path raises
-  if _getrefcount(arr) == _SOLE_OWNER_IN_SLOW_KEY and (
-      gda._family is None or not gda._family.others_alive(arr)):
-    gda._family = None  # every sibling is gone: the plain fast path again
-    return None
-  key = gda._key = _AliasKey()
+  return _alias_key(gda)  # the private array is referenced again
+
+
+def _alias_key(gda: Any) -> _AliasKey:
+  key = gda._key  # unrecorded, so no cache entry relies on it: reusable
+  if key is None or key.thread != _get_ident():
+    key = gda._key = _AliasKey()
   return key
