@@ -1,6 +1,6 @@
-"""Buffer donation for `GlobalDeviceArray` (seed `004_*`, `donate_argnums`).
+"""Buffer donation for `GlobalDeviceArray` (`donate_argnums`).
 
-A GDA is a view over one `jax.Array`, and `jax.jit` hands that array's buffers
+A GDA is a view over one private `jax.Array`, and `jax.jit` hands that array's buffers
 to the executable through `shard_arg_handlers` (`_transfer.shard_args`). A
 donated argument is donated by PjRt when the executable runs, exactly as for
 a `jax.Array`: XLA writes an output into the donated buffers where it can
@@ -24,14 +24,15 @@ crashes (jaxlib 0.10.2). Two pieces make sure such a call never runs:
   donated or not) and raises `RuntimeError` naming both arguments. It checks
   every array argument of a call that involves a GDA.
 * `dispatch_flatten` flattens a GDA for jit's C++ dispatch registry, the
-  only Python that runs for an argument of a warm call, so that a call with a
-  deleted GDA, or with any other reference to a GDA's array (a possible
-  alias), misses the C++ cache and takes the Python path above.
+  only Python that runs for an argument of a warm call. Its node data sends
+  a call with a deleted GDA, or a call whose executable an alias of a GDA's
+  buffers could hurt, to the Python path above; every other call keeps the
+  C++ fast path (see "jit's C++ fast path" below).
 
 Calls made only of `jax.Array`s never reach this package (stock behaviour).
 
-`donation_vector` and `rebase_donate_argnums` are the seed's public helpers
-for code that maps `donate_argnums` onto flattened arguments itself.
+`donation_vector` and `rebase_donate_argnums` are the GDA era's public
+helpers for code that maps `donate_argnums` onto flattened arguments itself.
 """
 
 from __future__ import annotations
@@ -392,6 +393,9 @@ def _record_call(info, gdas, GlobalDeviceArray) -> None:
     for g in gdas:
       _record(g, False)
     return
+  keyed = [x for x in info.args if type(x) is GlobalDeviceArray and x._key is not None]
+  if not keyed:
+    return
   like: dict[tuple, list[int]] = {}  # (shape, dtype, sharding) -> [args, donated]
   for x, donated in zip(info.args, info.donated, strict=True):
     arr = x._arr if type(x) is GlobalDeviceArray else x
@@ -399,10 +403,9 @@ def _record_call(info, gdas, GlobalDeviceArray) -> None:
       counts = like.setdefault(_like(arr), [0, 0])
       counts[0] += 1
       counts[1] += bool(donated)
-  for x in info.args:
-    if type(x) is GlobalDeviceArray and x._key is not None:
-      n_like, n_donated = like[_like(x._arr)]
-      _record(x, n_like == 1 or n_donated == 0)
+  for x in keyed:
+    n_like, n_donated = like[_like(x._arr)]
+    _record(x, n_like == 1 or n_donated == 0)
 
 
 def _like(arr: Any) -> tuple:

@@ -1,13 +1,16 @@
 """`GlobalDeviceArray`: the GDA-era API as a zero-copy view over `jax.Array`.
 
-A `GlobalDeviceArray` holds exactly one `jax.Array` whose sharding is
-`NamedSharding(mesh, spec)`, plus the `mesh_axes` the user gave. Its device
-buffers *are* that array's buffers: `from_jax_array` / `to_jax_array` move
-nothing, and handing a GDA to `jax.jit` passes those buffers straight to the
-executable when the sharding matches.
+A `GlobalDeviceArray` is a `jax.Array` (a Python subclass, so libraries that
+check `isinstance(x, jax.Array)` take it) that holds exactly one private
+`jax.Array` whose sharding is `NamedSharding(mesh, spec)`, plus the
+`mesh_axes` the user gave. Its device buffers *are* that array's buffers:
+`from_jax_array` / `to_jax_array` move nothing (they wrap and return other
+`jax.Array` objects over the same buffers, see `_donation.sibling_of`), and
+handing a GDA to `jax.jit` passes those buffers straight to the executable
+when the sharding matches.
 
 Stock JAX accepts it as an argument through its extension tables (installed by
-`_registry.install()`, defined at the bottom of this module):
+`_registry.install()`, which defines the handlers):
 
 * `pytype_aval_mappings`: its aval is the wrapped array's aval, sharding
   included, so a jitted computation follows the GDA's sharding;
