@@ -40,7 +40,9 @@ from jax.sharding import Mesh, NamedSharding
 
 from jax_sharding_ext import _donation, _transfer
 from jax_sharding_ext._gda_base import (  # noqa: F401 - FROM_GDA and Shard are public here too
+  _FROM_SHARDING,
   FROM_GDA,
+  GdaShape,
   Shard,
   _check_buffers,
   _device_of,
@@ -50,33 +52,6 @@ from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, layout
 from jax_sharding_ext._surface import _ArraySurface
-
-
-class GdaShape(tuple):
-  """A GDA's shape: a plain tuple that also remembers the GDA's `mesh_axes`.
-
-  Libraries that describe a restore target by its shape, dtype and sharding
-  (orbax's `construct_restore_args`, used by `StandardRestore`) copy the
-  shape object; `orbax_support` reads `mesh_axes` from it to restore a GDA
-  where the target held one.
-  """
-
-  def __new__(cls, shape, gda: GlobalDeviceArray):
-    self = super().__new__(cls, shape)
-    self._axes = gda._mesh_axes, gda._arr.sharding
-    return self
-
-  @property
-  def mesh_axes(self) -> MeshAxes:
-    axes, sharding = self._axes
-    return sharding.spec if axes is _FROM_SHARDING else axes
-
-  def __reduce__(self):
-    return (tuple, (tuple(self),))  # pickles as the plain tuple it is
-
-
-_FROM_SHARDING = object()
-"""`_mesh_axes` of a GDA made by `_wrap` until first read: the array's spec."""
 
 
 class GlobalDeviceArray(_ArraySurface, jax.Array):

@@ -1,5 +1,5 @@
 """The parts of `GlobalDeviceArray` that do not need the class itself: the
-`FROM_GDA` sentinel, the `Shard` record, and the checks of the device buffers
+`FROM_GDA` sentinel, the `Shard` record, the GDA's shape tuple, and the checks of the device buffers
 and dtypes handed to the constructor (`_gda.py` uses them).
 """
 
@@ -59,6 +59,33 @@ class Shard:
   index: Index
   replica_id: int
   data: jax.Array | None = None
+
+
+class GdaShape(tuple):
+  """A GDA's shape: a plain tuple that also remembers the GDA's `mesh_axes`.
+
+  Libraries that describe a restore target by its shape, dtype and sharding
+  (orbax's `construct_restore_args`, used by `StandardRestore`) copy the
+  shape object; `orbax_support` reads `mesh_axes` from it to restore a GDA
+  where the target held one.
+  """
+
+  def __new__(cls, shape, gda: Any):
+    self = super().__new__(cls, shape)
+    self._axes = gda._mesh_axes, gda._arr.sharding
+    return self
+
+  @property
+  def mesh_axes(self) -> Any:
+    axes, sharding = self._axes
+    return sharding.spec if axes is _FROM_SHARDING else axes
+
+  def __reduce__(self):
+    return (tuple, (tuple(self),))  # pickles as the plain tuple it is
+
+
+_FROM_SHARDING = object()
+"""`_mesh_axes` of a GDA made by `_wrap` until first read: the array's spec."""
 
 
 def _check_buffers(lay, mesh, mesh_axes, buffers) -> Any:
