@@ -50,8 +50,13 @@ from jax_sharding_ext._jax import donation as jax_donation
 from jax_sharding_ext._jax import tables as jax_tables
 
 
-def _argnums(value: Any, name: str) -> tuple[int, ...]:
-  """Normalise an int or an iterable of ints, naming `name` on bad input."""
+def parse_argnums(value: Any, name: str) -> tuple[int, ...]:
+  """Normalise an int or an iterable of ints, naming `name` on bad input.
+
+  The package's one parser of `static_argnums` / `donate_argnums`. A bool is
+  refused, alone or inside the iterable: `True` is an int to Python, and read
+  as argument 1 it would silently donate or freeze the wrong argument.
+  """
   if value is None:
     return ()
   if isinstance(value, (int,)) and not isinstance(value, bool):
@@ -95,7 +100,7 @@ def donation_vector(donate_argnums: int | Iterable[int], args: Sequence[Any],
     >>> donation_vector((0,), ((x, y), z), {"w": w})
     (True, True, False, False)
   """
-  nums = _argnums(donate_argnums, "donate_argnums")
+  nums = parse_argnums(donate_argnums, "donate_argnums")
   n = len(args)
   donated = {i + n if i < 0 else i for i in nums}
   res: list[bool] = []
@@ -123,8 +128,8 @@ def rebase_donate_argnums(donate_argnums: int | Iterable[int],
   Raises:
     ValueError: an argument is both static and donated.
   """
-  donate = sorted(set(_argnums(donate_argnums, "donate_argnums")))
-  static = sorted(set(_argnums(static_argnums, "static_argnums")))
+  donate = sorted(set(parse_argnums(donate_argnums, "donate_argnums")))
+  static = sorted(set(parse_argnums(static_argnums, "static_argnums")))
   if any(i < 0 for i in (*donate, *static)):
     raise ValueError(
         "`rebase_donate_argnums` needs non-negative argnums (it does not know "

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_sharding_ext._donation import rebase_donate_argnums
+from jax_sharding_ext._donation import parse_argnums, rebase_donate_argnums
 from jax_sharding_ext._gda import GlobalDeviceArray
 from jax_sharding_ext._gda_base import _FromGda
 from jax_sharding_ext._jax import donation as jax_donation
@@ -41,7 +41,6 @@ from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._pjit_args import (
   _UNSPECIFIED,
   _argnames_tuple,
-  _argnums_tuple,
   _check_leaves,
   _check_static_donate,
   _from_gda_sharding,
@@ -280,8 +279,8 @@ def _jit_options(fun, static_argnums, donate_argnums, static_argnames, donate_ar
                  **jit_kwargs) -> tuple:
   """The static / donated arguments checked (stock's rules, plus the negative
   overlap stock misses), and the keyword arguments for `jax.jit`."""
-  static_nums = _argnums_tuple(static_argnums, "static_argnums")
-  donate_nums = _argnums_tuple(donate_argnums, "donate_argnums")
+  static_nums = parse_argnums(static_argnums, "static_argnums")
+  donate_nums = parse_argnums(donate_argnums, "donate_argnums")
   static_names = _argnames_tuple(static_argnames, "static_argnames")
   donate_names = _argnames_tuple(donate_argnames, "donate_argnames")
   rebase_donate_argnums([i for i in donate_nums if i >= 0], [i for i in static_nums if i >= 0])

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import inspect
-import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -107,19 +106,6 @@ def _from_gda_sharding(x: Any, where: str) -> Any:
       f"type {type(x).__name__}: it has no sharding to take. Give a "
       "`PartitionSpec` for it instead, e.g. `in_axis_resources=(FROM_GDA, P('x'))`, "
       "or build it with `GlobalDeviceArray.from_callback(...)`.")
-
-
-def _argnums_tuple(value: Any, name: str) -> tuple[int, ...]:
-  if value is None:
-    return ()
-  if isinstance(value, int) and not isinstance(value, bool):
-    return (value,)
-  if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-    raise TypeError(f"`{name}` must be an int or a sequence of ints, got {value!r}.")
-  try:
-    return tuple(operator.index(v) for v in value)
-  except TypeError:
-    raise TypeError(f"`{name}` must contain only ints, got {value!r}.") from None
 
 
 def _argnames_tuple(value: Any, name: str) -> tuple[str, ...]:

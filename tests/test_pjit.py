@@ -14,6 +14,7 @@ from jax_sharding_ext import (
   GlobalDeviceArray,
   parallel_functions_output_gda,
   pjit,
+  rebase_donate_argnums,
 )
 
 WITH_MESH_DEPRECATED = "`with mesh:` context manager has been deprecated"
@@ -443,3 +444,20 @@ def test_grad_through_pjit(mesh_2d):
   gda, data = _gda(mesh_2d)
   f = pjit(lambda x: jnp.sum(x ** 2), in_axis_resources=FROM_GDA)
   np.testing.assert_allclose(jax.grad(f)(gda), 2 * data)
+
+
+@pytest.mark.parametrize("name", ["donate_argnums", "static_argnums"])
+@pytest.mark.parametrize("value", [(True,), True, (0, False)], ids=["(True,)", "True", "(0, False)"])
+def test_bool_argnums_are_refused_as_by_rebase_donate_argnums(mesh_2d, name, value):
+  """A bool is an int to Python: read as argument 1, `donate_argnums=(True,)`
+  would donate the wrong argument. Legacy `pjit` refuses it with the same
+  TypeError as `rebase_donate_argnums` (one parser for both), before tracing."""
+  with pytest.raises(TypeError, match=f"`{name}` must"):
+    pjit(lambda x, y: x + y, in_axis_resources=FROM_GDA, **{name: value})
+  with pytest.raises(TypeError, match=f"`{name}` must"):
+    rebase_donate_argnums(value if name == "donate_argnums" else (),
+                          value if name == "static_argnums" else ())
+  a, _ = _gda(mesh_2d)
+  b, _ = _gda(mesh_2d)
+  pjit(lambda x, y: x + y, in_axis_resources=FROM_GDA, donate_argnums=(0,))(a, b)
+  assert a.is_deleted() and not b.is_deleted()
