@@ -163,13 +163,15 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
   @property
   def __jax_array__(self) -> Callable[[], jax.Array]:
     # A property, so that JAX's own `getattr(x, "__jax_array__", None)`
-    # probe gets the clear TypeError while the package is uninstalled
-    # (rather than stock's ValueError about `__jax_array__`).
+    # probe gets the clear error while the package is uninstalled (rather
+    # than stock's ValueError about `__jax_array__`). A RuntimeError, not a
+    # TypeError: `jax.jit` replaces any TypeError from reading an argument's
+    # type with its generic "Error interpreting argument" text.
     if type(self)._dispatch_off is not None:
-      raise TypeError(
-          f"Argument {self} of type {type(self)} is not a valid JAX type: "
-          "jax_sharding_ext is uninstalled, so JAX no longer knows "
-          "`GlobalDeviceArray`. Call `jax_sharding_ext.install()`, or pass "
+      raise RuntimeError(
+          f"{self} cannot be passed to JAX: jax_sharding_ext is uninstalled, "
+          "so JAX no longer knows `GlobalDeviceArray`. Call "
+          "`jax_sharding_ext.install()` to use GDAs again, or pass "
           "`gda.to_jax_array()`.")
     return self._jax_array
 
