@@ -146,9 +146,18 @@ def normalize_mesh_axes(shape: Shape, mesh: Mesh,
   return tuple(out)
 
 
-def to_partition_spec(axes: NormalizedAxes) -> PartitionSpec:
-  """The `PartitionSpec` equivalent of normalised axes (trailing Nones dropped)."""
+def to_partition_spec(axes: NormalizedAxes, n_given: int | None = None) -> PartitionSpec:
+  """The `PartitionSpec` of normalised axes.
+
+  With `n_given` (the number of entries the user wrote), it has that many
+  entries, at most one per dimension: `P('x', None)` stays `P('x', None)`, as
+  `jax.device_put(x, NamedSharding(mesh, P('x', None)))` keeps it (JAX treats
+  `P('x')` and `P('x', None)` as different specs). Without, trailing Nones are
+  dropped.
+  """
   entries: list[Any] = [None if not a else a[0] if len(a) == 1 else a for a in axes]
+  if n_given is not None:
+    return PartitionSpec(*entries[:n_given])
   while entries and entries[-1] is None:
     entries.pop()
   return PartitionSpec(*entries)
@@ -207,7 +216,8 @@ def _layout(shape: Shape, mesh: Mesh, axes_key: tuple[Any, ...]) -> Layout:
     replica_ids.append(counts.get(key, 0))
     counts[key] = replica_ids[-1] + 1
     indices.append(index_t)
-  return Layout(shape, tuple(indices), tuple(replica_ids), shard_shape, to_partition_spec(axes))
+  return Layout(shape, tuple(indices), tuple(replica_ids), shard_shape,
+                to_partition_spec(axes, len(axes_key)))
 
 
 @jax_tracebacks.api_boundary

@@ -245,3 +245,20 @@ def test_copy_and_deepcopy(mesh_2d):
       _ptrs([s.data for s in gda.local_shards]))
   gda.delete()
   np.testing.assert_array_equal(np.asarray(deep), data)  # independent buffers
+
+
+@pytest.mark.parametrize("mesh_axes", [P("x", None), ["x", None], ("x", None, None), P(None, "y")],
+                         ids=str)
+def test_trailing_nones_survive_to_jax_array_and_back(mesh_2d, mesh_axes):
+  """The sharding keeps the `None`s the user wrote, as
+  `jax.device_put(x, NamedSharding(mesh, P('x', None)))` keeps them (JAX
+  treats `P('x')` and `P('x', None)` as different specs), so `mesh_axes`
+  survive `to_jax_array()` -> `from_jax_array()`."""
+  data = np.arange(16, dtype=np.float32).reshape(8, 2)
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, mesh_axes, lambda i: data[i])
+  expected = P(*list(mesh_axes)[:2])
+  stock = jax.device_put(data, NamedSharding(mesh_2d, expected))
+  assert gda.sharding == stock.sharding
+  back = GlobalDeviceArray.from_jax_array(gda.to_jax_array())
+  assert back.mesh_axes == expected and back.sharding == stock.sharding
+  np.testing.assert_array_equal(np.asarray(back), data)
