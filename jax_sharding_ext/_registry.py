@@ -10,16 +10,30 @@ to raising stock JAX's "not a valid JAX type" error).
 
 Nothing here touches a device: installing never initialises a backend, so
 `jax.distributed.initialize()` can still be called after the import.
+
+Both are safe while other threads use JAX. One lowering reads several of the
+tables at different times, so a swap must never land in the middle of one:
+`install()` / `uninstall()` first wait until no other thread is lowering a
+computation or running one with ordered effects (`_jax.frames`), then swap
+every table without letting another thread run Python in between. A call
+therefore runs either fully installed or fully uninstalled (where a GDA or a
+multi-device ordered effect gets stock JAX's error, or the package's
+"uninstalled" one), never against half-swapped tables. A swap that finds
+another thread lowering for more than `_SWAP_WAIT_S` seconds raises
+`RuntimeError` and changes nothing.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 
 import jax
 
 from jax_sharding_ext import _donation, _effects, _gda, _notebook, _output, _transfer
 from jax_sharding_ext._jax import dispatch as jax_dispatch
+from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
@@ -93,15 +107,16 @@ def install() -> None:
     reinstall = _edits is not None
     if _edits is None:
       _edits = _build_edits()
-    done = []
-    try:
-      for edit in _edits:
-        edit.apply()
-        done.append(edit)
-    except BaseException:
-      for edit in reversed(done):
-        edit.revert()
-      raise
+    with _no_other_thread_reading_tables("install()"):
+      done = []
+      try:
+        for edit in _edits:
+          edit.apply()
+          done.append(edit)
+      except BaseException:
+        for edit in reversed(done):
+          edit.revert()
+        raise
     _installed = True
     if reinstall:
       _drop_cached_executables()
@@ -113,10 +128,46 @@ def uninstall() -> None:
   with _lock:
     if not _installed:
       return
-    for edit in reversed(_edits):
-      edit.revert()
+    with _no_other_thread_reading_tables("uninstall()"):
+      for edit in reversed(_edits):
+        edit.revert()
     _installed = False
     _drop_cached_executables()
+
+
+_SWAP_WAIT_S = 60.0
+_NO_SWITCH_S = 10.0  # the interpreter's thread switch interval during a swap
+
+
+class _no_other_thread_reading_tables:
+  """Wait until no other thread lowers or runs an ordered-effect call, then
+  keep every other thread from running Python until the block ends.
+
+  Other threads run Python only when this one blocks or its switch interval
+  expires; the swap inside is pure Python that does neither.
+  """
+
+  def __init__(self, what: str):
+    self.what = what
+
+  def __enter__(self) -> None:
+    self.interval = sys.getswitchinterval()
+    deadline = time.monotonic() + _SWAP_WAIT_S
+    while True:
+      sys.setswitchinterval(_NO_SWITCH_S)
+      busy = jax_frames.other_threads_reading_tables()
+      if not busy:
+        return
+      sys.setswitchinterval(self.interval)
+      if time.monotonic() > deadline:
+        raise RuntimeError(
+            f"jax_sharding_ext.{self.what} waited {_SWAP_WAIT_S:.0f} s for other "
+            f"threads ({busy}) to finish lowering or running JAX computations, "
+            "and changed nothing. Call it when no other thread is compiling.")
+      time.sleep(0.001)
+
+  def __exit__(self, *exc) -> None:
+    sys.setswitchinterval(self.interval)
 
 
 def _drop_cached_executables() -> None:

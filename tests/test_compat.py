@@ -33,6 +33,9 @@ FRAGILE = [
      "pxla.MeshExecutable.call (AOT executables refuse a GDA of another sharding)"),
     ("frames", "_CACHE_MISS_CODES",
      "jax._src.pjit._cpp_pjit's `cache_miss` (which jit the output flag applies to)"),
+    ("frames", "HAS_TABLE_READER_FRAMES",
+     "pxla.lower_sharding_computation and pxla.ExecuteReplicated.__call__ (install() / "
+     "uninstall() wait for other threads' lowerings)"),
     ("donation", "HAS_CALL_DONATION_INFO",
      "jax._src.pjit's jit implementation frames holding `donated_invars` (donation of GDAs)"),
     ("dispatch", "HAS_DISPATCH_REGISTRY",

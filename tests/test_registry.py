@@ -1,5 +1,8 @@
 """install()/uninstall(): idempotent, exactly reversible, no device side effects."""
 
+import json
+import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -112,3 +115,19 @@ def test_import_initialises_no_backend():
   res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert res.returncode == 0, res.stderr
   assert res.stdout.strip() == "[]"
+
+
+def test_toggling_while_another_thread_lowers_ordered_effects():
+  """`install()` / `uninstall()` while another thread traces, lowers and runs
+  multi-device ordered-effect jits: each call runs fully installed (it
+  prints) or fully uninstalled (stock's ValueError for ordered effects on
+  more than one device), never against half-swapped tables (XLA's INTERNAL
+  "Side-effect HLO must have sharding")."""
+  worker = pathlib.Path(__file__).parent / "_toggle_race_worker.py"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  res = subprocess.run([sys.executable, str(worker), "3"], capture_output=True, text=True,
+                       timeout=180, env=env)
+  assert res.returncode == 0, res.stderr[-3000:]
+  summary = json.loads(res.stdout.splitlines()[-1])
+  assert summary["bad"] == [], summary
+  assert summary["ok"] > 0 and summary["toggles"] > 0, summary  # both states were really seen
