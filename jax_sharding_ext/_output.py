@@ -40,6 +40,19 @@ parallel_functions_output_gda = jax_config.define_bool_flag(
 )
 """Context manager and state of the flag: `with parallel_functions_output_gda(True):`."""
 
+jax_array = jax_config.define_bool_flag(
+    "jax_array",
+    default=False,
+    help=(
+        "GDA-era switch between GlobalDeviceArray and jax.Array code paths. "
+        "Code written for JAX 0.3.18-0.4.x reads `jax.config.jax_array` and "
+        "takes its GlobalDeviceArray branch when it is False (the default "
+        "here, as in those releases), its jax.Array branch when True. Defined "
+        "by jax_sharding_ext (stock JAX removed it); nothing in JAX or this "
+        "package reads it."),
+)
+"""The GDA-era `jax_array` option: read only by the user's own code."""
+
 # The entry of `global_result_handlers[ShapedArray]` that this package wraps:
 # whatever was installed before `install()` (JAX's own handler, normally).
 _wrapped_result_handler = None

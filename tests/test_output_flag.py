@@ -152,3 +152,27 @@ def test_eager_operations_stay_jax_arrays(mesh_2d):
   assert float(jnp.sum(x)) == data.sum()
   assert type(jax.jit(jnp.sin)(gda)) is GlobalDeviceArray  # the user's own jit
   assert type(jax.jit(lambda v: v + 1).lower(x).compile()(x)) is GlobalDeviceArray
+
+
+def test_jax_array_option_is_there_for_gda_era_branches():
+  """Code of JAX 0.3.18-0.4.x branches on `jax.config.jax_array` (flax,
+  praxis, t5x `get_local_data`, orbax); it reads False by default, so such
+  code takes its GDA branch, and can be set like any JAX option."""
+  assert jax.config.jax_array is False
+  try:
+    jax.config.update("jax_array", True)
+    assert jax.config.jax_array is True
+  finally:
+    jax.config.update("jax_array", False)
+  code = "import jax, jax_sharding_ext; print(jax.config.jax_array)"
+  for env, expected in (({"JAX_ARRAY": "1"}, "True"), ({"JAX_ARRAY": "0"}, "False")):
+    res = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == expected
+  absl = ("from absl import app\nimport jax, jax_sharding_ext\njax.config.config_with_absl()\n"
+          "app.run(lambda argv: print(jax.config.jax_array))")
+  res = subprocess.run([sys.executable, "-c", absl, "--jax_array"], capture_output=True,
+                       text=True, timeout=120)
+  assert res.returncode == 0, res.stderr
+  assert res.stdout.strip() == "True"
