@@ -11,6 +11,7 @@ they are not part of the public API.
 from jax.sharding import Mesh as Mesh
 from jax.sharding import PartitionSpec as PartitionSpec
 
+from jax_sharding_ext import global_device_array as global_device_array
 from jax_sharding_ext import multihost_utils as multihost_utils
 from jax_sharding_ext._barrier import effects_barrier as effects_barrier
 from jax_sharding_ext._donation import donation_vector as donation_vector
@@ -58,6 +59,7 @@ __all__ = [
   "get_shard_indices",
   "get_shard_indices_replica_ids",
   "get_shard_shape",
+  "global_device_array",
   "global_array_to_host_local_array",
   "host_local_array_to_global_array",
   "install",

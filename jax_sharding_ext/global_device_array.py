@@ -1,0 +1,78 @@
+"""The namespace of JAX's `jax.experimental.global_device_array` module.
+
+GDA-era code imported the whole module (`from jax.experimental import
+global_device_array as gda_lib`) and used more than the class: the type
+aliases in annotations (`gda_lib.Shape`, `gda_lib.MeshAxes`,
+`gda_lib.Index`, `gda_lib.Device`), the shard math (`get_shard_indices`,
+`get_shard_indices_replica_ids`, `get_shard_shape`) and private helpers such
+as `_hashed_index` (data loaders deduplicate shard indices with it). This
+module offers every public name the module had in JAX 0.3.17 to 0.4.1, and the
+private helpers real code called, with their old meaning; change the import
+to `from jax_sharding_ext import global_device_array as gda_lib`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Union
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from jax_sharding_ext._gda import GlobalDeviceArray, Shard
+from jax_sharding_ext._shard_math import (
+  Index,
+  Shape,
+  get_shard_indices,
+  get_shard_indices_replica_ids,
+  get_shard_shape,
+  layout,
+)
+
+MeshAxes = PartitionSpec
+"""The old alias: a `PartitionSpec` (lists and tuples of axis names work too)."""
+
+Device = jax.Device
+DeviceArray = jax.Array
+"""The single-device buffer type of a shard: a `jax.Array` today."""
+
+ArrayLike = Union[np.ndarray, jax.Array]  # noqa: UP007 - the old alias, kept as it was
+
+
+def _hashed_index(index: Index) -> int:
+  """A hash of a shard index that is the same for every replica of the shard.
+
+  Index slices are hashed by their `(start, stop)`, as the old module did;
+  data loaders use it to load each distinct shard once.
+  """
+  return hash(tuple((s.start, s.stop) for s in index))
+
+
+def _get_indices(global_shape: Shape, global_mesh: jax.sharding.Mesh,
+                 mesh_axes: Any) -> tuple[Index, ...]:
+  """The index of every device's shard, in `global_mesh.devices.flat` order."""
+  return layout(global_shape, global_mesh, mesh_axes).indices
+
+
+def _get_shard_indices_replica_ids_uncached(
+    global_shape: Shape, global_mesh: jax.sharding.Mesh,
+    mesh_axes: Any) -> Mapping[Any, tuple[Index, int]]:
+  """`get_shard_indices_replica_ids` (the old module's uncached spelling)."""
+  return get_shard_indices_replica_ids(global_shape, global_mesh, mesh_axes)
+
+
+__all__ = [
+  "ArrayLike",
+  "Device",
+  "DeviceArray",
+  "GlobalDeviceArray",
+  "Index",
+  "MeshAxes",
+  "PartitionSpec",
+  "Shape",
+  "Shard",
+  "get_shard_indices",
+  "get_shard_indices_replica_ids",
+  "get_shard_shape",
+]
