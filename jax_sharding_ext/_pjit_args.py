@@ -83,8 +83,17 @@ def _to_sharding(spec: Any, mesh: Any, what: str) -> Any:
     if mesh is None:
       raise _no_mesh_error(spec, what)
     _check_axes_defined(spec, mesh, what)
-    return NamedSharding(mesh, spec)
+    return NamedSharding(mesh, _without_trailing_nones(spec))
   return spec  # a Sharding
+
+
+def _without_trailing_nones(spec: PartitionSpec) -> PartitionSpec:
+  """The old pjit dropped trailing `None`s before checking a spec against the
+  value's rank, so `P(('data', 'model'), None)` partitions a rank-1 value."""
+  entries = list(spec)
+  while entries and entries[-1] is None:
+    entries.pop()
+  return spec if len(entries) == len(spec) else PartitionSpec(*entries)
 
 
 def _from_gda_sharding(x: Any, where: str) -> Any:

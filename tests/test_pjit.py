@@ -461,3 +461,19 @@ def test_bool_argnums_are_refused_as_by_rebase_donate_argnums(mesh_2d, name, val
   b, _ = _gda(mesh_2d)
   pjit(lambda x, y: x + y, in_axis_resources=FROM_GDA, donate_argnums=(0,))(a, b)
   assert a.is_deleted() and not b.is_deleted()
+
+
+def test_trailing_nones_fit_values_of_lower_rank(mesh_2d):
+  """GDA-era multi-host data loading (2022) wrote one spec for a whole batch,
+  `P(('data', 'model'), None)`, also for its rank-1 leaves: the old pjit
+  dropped trailing `None`s before the rank check (stock `jax.jit` raises
+  "only valid for values of rank at least 2")."""
+  spec = P(("x", "y"), None)
+  with legacy_mesh(mesh_2d):
+    f = pjit(lambda ids, x: (ids + 1, x * 2), in_axis_resources=(spec, spec),
+             out_axis_resources=(spec, spec))
+    ids, x = f(np.arange(8), np.ones((8, 2)))
+  np.testing.assert_array_equal(ids, np.arange(8) + 1)
+  np.testing.assert_array_equal(x, 2 * np.ones((8, 2)))
+  assert ids.sharding.is_equivalent_to(NamedSharding(mesh_2d, P(("x", "y"))), 1)
+  assert x.sharding.is_equivalent_to(NamedSharding(mesh_2d, spec), 2)
