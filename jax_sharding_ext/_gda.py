@@ -50,7 +50,7 @@ from jax_sharding_ext._gda_base import (  # noqa: F401 - FROM_GDA and Shard are 
 )
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
-from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, layout
+from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, layout, old_spec_repr
 from jax_sharding_ext._surface import _ArraySurface
 
 
@@ -187,6 +187,15 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
           "deleted or donated. After `jax.jit(..., donate_argnums=...)` use the "
           "function's output instead of the donated input.")
     return arr
+
+  @property
+  def _value(self) -> np.ndarray:
+    """The GDA-era private spelling of `np.asarray(gda)` (a fetch to the host)."""
+    return self.__array__()
+
+  def _check_if_deleted(self) -> None:
+    """The GDA-era check: `RuntimeError` if the GDA was deleted or donated."""
+    self._checked_array("use it")
 
   def _host_array(self) -> jax.Array:
     """The view, after fetching its value to the host (an implicit transfer)."""
@@ -462,7 +471,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
   def __repr__(self) -> str:
     return (f"GlobalDeviceArray(shape={self.shape}, dtype={self.dtype}, "
             f"global_mesh_shape={dict(self.mesh.shape)}, "
-            f"mesh_axes={self.mesh_axes!r}{self._deleted_note()})")
+            f"mesh_axes={old_spec_repr(self.mesh_axes)}{self._deleted_note()})")
 
   def _deleted_note(self) -> str:
     # Stock `jax.Array` raises in repr once deleted; a notebook must still be

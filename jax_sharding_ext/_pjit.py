@@ -45,12 +45,12 @@ from jax_sharding_ext._pjit_args import (
   _check_static_donate,
   _from_gda_sharding,
   _is_spec_leaf,
-  _old_pspec,
   _pick_spelling,
   _prefix_error,
   _signature_info,
   _to_sharding,
 )
+from jax_sharding_ext._shard_math import old_spec_repr
 
 _CACHE_SIZE = 64
 """jax.jit objects kept per `pjit` function (one per distinct resolution)."""
@@ -269,8 +269,8 @@ class _Pjit:
               "Got an input GDA to pjit with different partitioning than specified "
               f"in the {self.in_name} argument to pjit. The partitioning must "
               f"match, or use `jax.experimental.pjit.FROM_GDA` in `{self.in_name}`. "
-              f"Got GDA spec: {_old_pspec(x.mesh_axes)} and pjit spec: "
-              f"{_old_pspec(pjit_spec)} for GDA: GlobalDeviceArray(shape={x.shape}, "
+              f"Got GDA spec: {old_spec_repr(x.mesh_axes)} and pjit spec: "
+              f"{old_spec_repr(pjit_spec)} for GDA: GlobalDeviceArray(shape={x.shape}, "
               f"dtype={x.dtype}). (Here `FROM_GDA` is `jax_sharding_ext.FROM_GDA`.)")
     return None
 

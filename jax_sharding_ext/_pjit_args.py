@@ -110,6 +110,9 @@ def _from_gda_sharding(x: Any, where: str) -> Any:
         f"({x.sharding}). Give a `PartitionSpec` for this argument, or place it "
         "with `jax.device_put(x, NamedSharding(mesh, spec))` first.")
   raise ValueError(
+      # The old pjit's text first: GDA-era tests match on it.
+      "For a non-GDA input, the corresponding resource in in_axis_resources "
+      "cannot be `pjit.FROM_GDA`. "
       f"`FROM_GDA` in `in_axis_resources` needs a `GlobalDeviceArray` (or a "
       f"`jax.Array` with a `NamedSharding`), but {where} is a non-GDA input of "
       f"type {type(x).__name__}: it has no sharding to take. Give a "
@@ -168,9 +171,3 @@ def _prefix_error(name: str, specs: Any, num_dyn: int, detail: str) -> ValueErro
       f"PartitionSpec, or a tuple of length equal to the number of positional "
       f"arguments. {detail} (got {name}={specs!r} for {num_dyn} non-static "
       "argument(s)).")
-
-
-def _old_pspec(spec: Any) -> str:
-  """`spec` as the old pjit printed it: `PartitionSpec('x',)`."""
-  entries = tuple(spec) if isinstance(spec, PartitionSpec) else (spec,)
-  return f"PartitionSpec{entries!r}"

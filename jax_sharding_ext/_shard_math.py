@@ -256,3 +256,13 @@ def get_shard_indices_replica_ids(global_shape: Shape, global_mesh: Mesh,
 def get_shard_shape(global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes) -> Shape:
   """Return the shape of every shard of the global array."""
   return layout(global_shape, global_mesh, mesh_axes).shard_shape
+
+
+def old_spec_repr(spec: Any) -> str:
+  """`spec` as GDA-era JAX printed it: `PartitionSpec('x',)` (today `P('x',)`).
+
+  Other `mesh_axes` spellings (lists, tuples) print as they are.
+  """
+  if not isinstance(spec, PartitionSpec):
+    return repr(spec)
+  return f"PartitionSpec{tuple(spec)!r}"

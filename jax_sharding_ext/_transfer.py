@@ -140,6 +140,8 @@ def _aot_mismatch_error(arrays, shardings, moving) -> ValueError:
            f"  Passed sharding: {arrays[i].sharding}\n  Required sharding: {shardings[i]}"
            for i in moving]
   return ValueError(
+      # The GDA-era text first: GDA-era tests match on it.
+      "GDA sharding does not match the input sharding. "
       "Computation was compiled for input shardings that disagree with the "
       f"shardings of arguments passed to it. Here are the {len(lines)} "
       "mismatches:\n" + "\n".join(lines) + "\nReshard the argument first "
