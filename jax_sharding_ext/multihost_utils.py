@@ -17,7 +17,10 @@ GDA leaves keep the GDA-era semantics:
   GDA inputs as the GDA output will always be concatenated").
 - `broadcast_one_to_all` / `assert_equal`: a GDA on one process's devices is
   that process's value; a GDA spanning processes is already global and is
-  refused by `broadcast_one_to_all` with a `ValueError`.
+  refused by `broadcast_one_to_all` with a `ValueError`. `assert_equal`
+  compares a fully replicated GDA spanning processes by one local replica per
+  process (stock compares nothing for such an array) and refuses one sharded
+  across processes with a `ValueError`.
 
 Porting: `from jax.experimental import multihost_utils` becomes
 `from jax_sharding_ext import multihost_utils`.
@@ -163,8 +166,10 @@ def _none_as_replicated(pspecs: Any) -> Any:
 
 def _checked_local_inputs(views: Any, global_mesh: Any, pspecs: Any) -> Any:
   """Check each local leaf divides over the local mesh (naming the leaf), and
-  place a device array of another sharding on the local sharding first (stock
-  fails inside `batched_device_put` for a multi-device array it must slice)."""
+  place a concrete device array of another sharding on the local sharding first
+  (stock fails inside `batched_device_put` for a multi-device array it must
+  slice). The check reads only shapes, which are static, so it also runs on
+  traced leaves; a traced leaf is handed to stock unchanged."""
   path_specs, spec_def = jax.tree_util.tree_flatten_with_path(pspecs, is_leaf=_is_spec_leaf)
   try:
     subtrees = spec_def.flatten_up_to(views)
@@ -193,6 +198,8 @@ def _checked_local_inputs(views: Any, global_mesh: Any, pspecs: Any) -> Any:
               f"({shape[dim]}) must divide evenly over this process's {parts} "
               f"devices along {entry!r} (local mesh {dict(local_mesh.shape)}). "
               "Give every process a local batch whose size is a multiple of that.")
+      if isinstance(x, jax.core.Tracer):
+        return x  # traced (inside jit, vmap, grad): stock's primitive takes it as is
       if (isinstance(x, jax.Array) and x.is_fully_addressable
           and len(x.sharding.device_set) > 1
           and not x.sharding.is_equivalent_to(local, x.ndim)):
@@ -264,11 +271,16 @@ def assert_equal(in_tree, fail_message: str = ''):
   """Verify that every process has the same pytree of values.
 
   Stock `multihost_utils.assert_equal`; raises `AssertionError` starting with
-  `fail_message` on every process when any differs. A `GlobalDeviceArray`
-  on one process's devices counts as that process's value; a fully
-  replicated GDA spanning processes is compared replica by replica; a GDA
-  sharded across processes raises `ValueError` (there is no per-process
-  value).
+  `fail_message` on every process when any process's value differs. A
+  `GlobalDeviceArray` on one process's devices counts as that process's
+  value. A fully replicated GDA spanning processes is compared replica by
+  replica: each process contributes the data of its first local shard (its
+  local replica), and these are gathered and compared across processes, so a
+  "replicated" array that the hosts filled differently (e.g. each from its
+  own seed) fails. This is stricter than stock, which compares nothing for a
+  global `jax.Array` (each process checks its own replica against itself);
+  a plain `jax.Array` leaf keeps stock's behaviour. A GDA sharded across
+  processes raises `ValueError` (there is no per-process value).
   """
   def one(x):
     if not _is_gda(x) or x.is_fully_addressable:
@@ -282,5 +294,7 @@ def assert_equal(in_tree, fail_message: str = ''):
           "of it, so there is no per-process value to compare. Compare "
           "`process_allgather(gda)` (its global value, the same everywhere), or a "
           "fully replicated GDA.")
-    return x.to_jax_array()
+    # This process's replica as its host value: stock gathers every process's
+    # and compares them all.
+    return np.asarray(jax.device_get(x.local_data(0)))
   return _stock.assert_equal(jax.tree_util.tree_map(one, in_tree), fail_message)

@@ -6,8 +6,10 @@ devices, whatever the split (N=2 with 4 devices each, N=4 with 2 each).
 'x' runs across processes and 'y' within one, so with N processes each
 process owns `4 // N` rows of the mesh. Extra arguments pick a smaller
 scenario: `sync` (one `sync_global_devices`), `die K` (process K exits before
-a collective the others enter), `ckpt DIR` (sharded checkpoints in DIR). Prints `ORDERED <k> <sum>` lines from
-ordered `jax.debug.print` for the runner to check, and `WORKER OK` at the end.
+a collective the others enter), `ckpt DIR` (sharded checkpoints in DIR),
+`assert_equal` (`assert_equal` on GDAs replicated over every process). Prints
+`ORDERED <k> <sum>` lines from ordered `jax.debug.print` for the runner to
+check, and `WORKER OK` at the end.
 """
 
 from _worker_boot import boot, main_guard
@@ -300,6 +302,44 @@ def check_checkpoints(root: str):
   W.log("checkpoints ok")
 
 
+def check_assert_equal_replicas():
+  """`assert_equal` on GDAs replicated over all 8 devices: equal values pass on
+  every process; values that some process filled differently (its own seed,
+  its own buffers) raise AssertionError with the message on every process."""
+  mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+
+  def replicated(seed, shape=(3, 4)):
+    value = np.random.default_rng(seed).normal(size=shape).astype(F32)
+    return GDA.from_callback(shape, mesh, P(), lambda i: value[i])
+
+  def per_host_buffers(fill):
+    bufs = [jax.device_put(np.full((2, 2), fill, F32), d) for d in mesh.local_devices]
+    return GDA((2, 2), mesh, P(), bufs)
+
+  def must_fail(tree, message):
+    msg = raises(AssertionError, mu.assert_equal, tree, message)
+    assert msg.startswith(message), msg
+    W.log(f"assert_equal raised {msg[:len(message)]!r}")
+
+  # The same value everywhere: passes on every process.
+  same = {"w": replicated(0), "b": replicated(1, ()), "step": np.int32(5)}
+  assert same["w"].is_fully_replicated and not same["w"].is_fully_addressable
+  mu.assert_equal(same, "equal params differ")
+  mu.assert_equal(per_host_buffers(7.0), "equal buffers differ")
+  # Each host initialised from its own seed: the bug assert_equal exists to catch.
+  must_fail({"w": replicated(PID), "step": np.int32(5)}, "params differ")
+  # Only the last process differs: every process still raises.
+  must_fail(replicated(int(PID == N - 1), ()), "last host differs")
+  # The constructor with per-host buffers.
+  must_fail(per_host_buffers(float(PID)), "buffers differ")
+  # Sharded across processes: still no per-process value to compare.
+  sharded = GDA.from_callback((8, 2), mesh, P("x"), lambda i: np.ones((8, 2), F32)[i])
+  msg = raises(ValueError, mu.assert_equal, sharded, "sharded")
+  assert "process_allgather" in msg, msg
+  mu.sync_global_devices("jse assert_equal done")
+  W.log("assert_equal ok")
+
+
 def die_before_collective(dead: int):
   """Process `dead` exits abruptly; the others enter collectives it never joins."""
   if PID == dead:
@@ -318,6 +358,8 @@ def main():
     return check_checkpoints(W.args[1])
   if W.args[:1] == ("die",):
     return die_before_collective(int(W.args[1]))
+  if W.args[:1] == ("assert_equal",):
+    return check_assert_equal_replicas()
   mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
   _, global_gdas = check_round_trip(mesh)
   check_collectives(mesh, global_gdas)
