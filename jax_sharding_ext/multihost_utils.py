@@ -234,19 +234,22 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
       (non-fully-addressable) `jax.Array` gives its global value on every
       process; every other leaf must have the same shape on every process.
     tiled: for host-local leaves, concatenate (True) or stack along a new
-      leading axis (False, the default). Does not affect GDA leaves, whose
-      output is always the global value (GDA-era semantics); stock raises for
-      a global `jax.Array` with `tiled=False`.
+      leading axis (False, the default). Does not affect GDA leaves or global
+      `jax.Array` leaves, whose output is always the global value (as in
+      JAX 0.4.x; stock now raises for a global `jax.Array` with `tiled=False`).
 
   Returns:
     A pytree of numpy arrays.
   """
   def one(x):
-    if not _is_gda(x):
-      return _stock.process_allgather(x, tiled=tiled)
-    if x.is_fully_addressable:
-      return np.asarray(jax.device_get(x))
-    return _stock.process_allgather(x.to_jax_array(), tiled=True)
+    if _is_gda(x):
+      if x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+      return _stock.process_allgather(x.to_jax_array(), tiled=True)
+    if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+        and not x.is_fully_addressable):
+      return _stock.process_allgather(x, tiled=True)  # already global: its value
+    return _stock.process_allgather(x, tiled=tiled)
   return jax.tree_util.tree_map(one, in_tree)
 
 

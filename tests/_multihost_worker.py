@@ -124,11 +124,15 @@ def check_collectives(mesh, global_gdas):
   np.testing.assert_array_equal(tiled["h"], np.concatenate([[p, p + 1] for p in range(N)]))
   counts = mu.process_allgather(jnp.array([3 * PID]), tiled=False)
   np.testing.assert_array_equal(counts, [[3 * p] for p in range(N)])
-  # A plain global jax.Array keeps stock's behaviour, error included.
+  # A plain global jax.Array is its global value too, tiled or not (as in JAX
+  # 0.4.x; stock now raises for tiled=False), also next to its own GDA.
   plain = sharded.to_jax_array()
-  np.testing.assert_array_equal(mu.process_allgather(plain, tiled=True), d_global)
-  mine = raises(Exception, mu.process_allgather, plain, tiled=False)
-  assert mine == raises(Exception, stock_mu.process_allgather, plain, tiled=False)
+  for tiled in (False, True):
+    np.testing.assert_array_equal(mu.process_allgather(plain, tiled=tiled), d_global)
+  both = mu.process_allgather({"gda": sharded, "view": plain})
+  np.testing.assert_array_equal(both["gda"], d_global)
+  np.testing.assert_array_equal(both["view"], d_global)
+  assert raises(Exception, stock_mu.process_allgather, plain, tiled=False)
 
   # broadcast_one_to_all: numpy out; default source 0, or an explicit one.
   out = mu.broadcast_one_to_all({"seed": np.int32(7 * PID + 3), "v": np.arange(3) + PID})
