@@ -13,6 +13,11 @@ options) that also restores GDAs:
 * where the restore args ask for one:
   `ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, mesh=mesh, mesh_axes=P("x"))`,
   `gda_restore_args(mesh, mesh_axes)`, or `restore_args_for(target)`.
+  `mesh_axes` there takes every spelling `GlobalDeviceArray.from_callback`
+  takes (a `PartitionSpec`, a list or tuple of axis names, tuples of names and
+  `None`s, or `None` for fully replicated), with the same errors for invalid
+  ones; the restored GDA keeps `mesh_axes` as given, and orbax, which builds
+  a `NamedSharding` from them, gets the equivalent `PartitionSpec`.
 
 `as_jax_arrays` / `as_gdas` convert a pytree's leaves both ways (zero-copy);
 no orbax call needs them.
@@ -23,6 +28,7 @@ Needs orbax-checkpoint: `pip install 'jax-sharding-ext[checkpoint]'`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from typing import Any
 
@@ -35,10 +41,15 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
       "pip install 'jax-sharding-ext[checkpoint]'") from e
 
 import jax
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_sharding_ext._gda import GdaShape, GlobalDeviceArray
-from jax_sharding_ext._shard_math import layout
+from jax_sharding_ext._shard_math import (
+  canonical_mesh_axes,
+  layout,
+  normalize_mesh_axes,
+  to_partition_spec,
+)
 
 __all__ = ["GdaHandler", "as_gdas", "as_jax_arrays", "gda_restore_args", "restore_args_for"]
 
@@ -59,16 +70,70 @@ class GdaHandler(type_handlers.ArrayHandler):
     return await super().serialize([_view(v) for v in values], infos, args)
 
   async def deserialize(self, infos, args=None):
-    arrays = await super().deserialize(infos, args)
+    if args is not None:
+      # A GDA request without `global_shape` is checked against the saved shape.
+      unsized = [i for i, arg in enumerate(args)
+                 if _gda_request(arg) and _shape_of(arg) is None]
+      shapes: dict[int, Any] = {}
+      if unsized:
+        metas = await self.metadata([infos[i] for i in unsized])
+        shapes = {i: m.shape for i, m in zip(unsized, metas, strict=True)}
+      arrays = await super().deserialize(
+          infos, [_for_orbax(arg, shapes.get(i)) for i, arg in enumerate(args)])
+    else:
+      arrays = await super().deserialize(infos, args)
     args = args or [None] * len(arrays)
     return [_as_requested(a, arg) for a, arg in zip(arrays, args, strict=True)]
+
+
+def _spec(mesh: Any, mesh_axes: Any, shape: Any = None) -> PartitionSpec:
+  """The `PartitionSpec` of GDA-era `mesh_axes` on `mesh`, checked as
+  `GlobalDeviceArray.from_callback` checks them (the same errors).
+
+  With `shape`, everything is checked (rank and divisibility too) and the spec
+  is the one `from_callback` gives the array. Without, the types and the axis
+  names are; the spec then drops trailing `None`s, so it fits any rank.
+  """
+  if not isinstance(mesh, Mesh):
+    raise TypeError(
+        f"`mesh` must be a `jax.sharding.Mesh` to restore a GlobalDeviceArray, got "
+        f"{type(mesh).__name__} {mesh!r:.80}.")
+  if shape is not None:
+    return layout(shape, mesh, mesh_axes).spec
+  axes = canonical_mesh_axes(mesh_axes)
+  # Size 0 divides evenly among any axes: only the names are checked here.
+  return to_partition_spec(normalize_mesh_axes((0,) * len(axes), mesh, axes))
+
+
+def _gda_request(arg: Any) -> bool:
+  """Whether `arg` asks for a GDA on `mesh` with `mesh_axes`."""
+  return (isinstance(arg, ocp.ArrayRestoreArgs) and arg.restore_type is GlobalDeviceArray
+          and arg.mesh is not None and arg.mesh_axes is not None)
+
+
+def _shape_of(arg: Any) -> Any:
+  return arg.global_shape if arg.global_shape is not None else arg.shape
+
+
+def _for_orbax(arg: Any, saved_shape: Any = None) -> Any:
+  """`arg` as orbax's `ArrayHandler` takes it: a GDA request's `mesh_axes`
+  checked against the shape it restores to (given, else `saved_shape`) and
+  handed on as the `PartitionSpec` `from_callback` gives that shape (orbax
+  builds `NamedSharding(mesh, mesh_axes)` from them)."""
+  if not _gda_request(arg):
+    return arg
+  shape = _shape_of(arg)
+  spec = _spec(arg.mesh, arg.mesh_axes, saved_shape if shape is None else shape)
+  return dataclasses.replace(arg, mesh_axes=spec)
 
 
 def _as_requested(arr: Any, arg: Any) -> Any:
   if getattr(arg, "restore_type", None) is GlobalDeviceArray:
     mesh_axes = getattr(arg, "mesh_axes", None)
+    checked = True
   elif isinstance(getattr(arg, "global_shape", None), GdaShape):  # the target was a GDA
     mesh_axes = arg.global_shape.mesh_axes
+    checked = False
     if layout(arr.shape, arr.sharding.mesh, mesh_axes).spec != arr.sharding.spec:
       mesh_axes = None  # restored to another sharding than the target's
   else:
@@ -77,6 +142,19 @@ def _as_requested(arr: Any, arg: Any) -> Any:
     raise ValueError(
         "Restoring as a GlobalDeviceArray needs a NamedSharding (or `mesh` and "
         f"`mesh_axes`) in the ArrayRestoreArgs, got sharding {arr.sharding}.")
+  if checked and mesh_axes is not None:
+    # The errors `from_callback` gives (rank, divisibility) for this shape.
+    want = NamedSharding(arr.sharding.mesh, layout(arr.shape, arr.sharding.mesh, mesh_axes).spec)
+    if want.spec != arr.sharding.spec:
+      if not want.is_equivalent_to(arr.sharding, arr.ndim):
+        raise ValueError(
+            f"Restoring as a GlobalDeviceArray with `mesh_axes` {mesh_axes!r} gave an "
+            f"array with sharding {arr.sharding}, which those mesh axes do not describe. "
+            "Give `mesh` and `mesh_axes` (e.g. `gda_restore_args(mesh, mesh_axes)`), or "
+            "a `sharding` whose spec they match.")
+      # The same buffers under the spec `from_callback` gives (e.g. trailing Nones).
+      arr = jax.make_array_from_single_device_arrays(
+          arr.shape, want, [s.data for s in arr.addressable_shards])
   return GlobalDeviceArray._wrap(arr, mesh_axes)
 
 
@@ -84,12 +162,17 @@ def gda_restore_args(mesh: jax.sharding.Mesh, mesh_axes: Any,
                      **kwargs: Any) -> ocp.ArrayRestoreArgs:
   """`ArrayRestoreArgs` restoring a leaf as a GDA on `mesh` with `mesh_axes`.
 
+  `mesh_axes` takes every spelling `GlobalDeviceArray.from_callback` takes: a
+  `PartitionSpec`, a list or tuple of axis names, tuples of names and `None`s,
+  or `None` (fully replicated). The restored GDA's `mesh_axes` are the ones
+  given. Invalid ones raise `from_callback`'s `TypeError` / `ValueError`:
+  here, or, for a rank or divisibility mismatch when no `global_shape` is
+  given, on restore (against the saved shape, before any data is read).
+
   `kwargs` go to `ArrayRestoreArgs` (e.g. `global_shape`, `dtype`,
   `strict=False` to pad or truncate).
   """
-  shape = kwargs.get("global_shape", kwargs.get("shape"))
-  spec = (layout(shape, mesh, mesh_axes).spec if shape is not None
-          else jax.sharding.PartitionSpec(*mesh_axes))
+  spec = _spec(mesh, mesh_axes, kwargs.get("global_shape", kwargs.get("shape")))
   return ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, mesh=mesh, mesh_axes=mesh_axes,
                               sharding=NamedSharding(mesh, spec), **kwargs)
 

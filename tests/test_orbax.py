@@ -169,3 +169,93 @@ def test_restoring_as_gda_needs_a_named_sharding(mesh_2d, tmp_path):
   with pytest.raises(ValueError, match="needs a NamedSharding"):
     ocp.PyTreeCheckpointer().restore(tmp_path / "c",
                                      args=ocp.args.PyTreeRestore(restore_args=args))
+
+
+# Every `mesh_axes` spelling `GlobalDeviceArray.from_callback` takes.
+MESH_AXES_SPELLINGS = [
+    ["x", "y"], ("x", None), None, [("x", "y")], ["x", None, None], (), [], [None, "y"],
+    (("y", "x"), None), P("x"), P(None, "y"),
+]
+SPELLING_IDS = ["list", "tuple-none", "None", "list-of-tuple", "trailing-nones", "empty-tuple",
+                "empty-list", "list-none-first", "tuple-of-tuple", "P", "P-none-first"]
+
+
+@pytest.mark.parametrize("mesh_axes", MESH_AXES_SPELLINGS, ids=SPELLING_IDS)
+def test_every_from_callback_mesh_axes_spelling_restores(mesh_2d, tmp_path, mesh_axes):
+  """`restore_args_for` and `gda_restore_args` (with and without `global_shape`)
+  take every `mesh_axes` spelling `from_callback` takes, `None` being fully
+  replicated, and restore GDAs with the `mesh_axes` as given and the sharding
+  `from_callback` gives them."""
+  want = GlobalDeviceArray.from_callback((8, 8), mesh_2d, mesh_axes,
+                                         lambda i: np.arange(64, dtype=np.float32)
+                                         .reshape(8, 8)[i])
+  saved, data = _gda(mesh_2d, P("y", "x"))  # saved with another sharding
+  ocp.PyTreeCheckpointer().save(tmp_path / "c", {"w": saved})
+  for restore_args in (orbax_support.restore_args_for({"w": want}),
+                       {"w": orbax_support.gda_restore_args(mesh_2d, mesh_axes)},
+                       {"w": orbax_support.gda_restore_args(mesh_2d, mesh_axes,
+                                                            global_shape=(8, 8))}):
+    w = ocp.PyTreeCheckpointer().restore(
+        tmp_path / "c", args=ocp.args.PyTreeRestore(restore_args=restore_args))["w"]
+    assert type(w) is GlobalDeviceArray and w.mesh == mesh_2d
+    assert type(w.mesh_axes) is type(want.mesh_axes) and w.mesh_axes == want.mesh_axes
+    assert w.sharding == want.sharding
+    np.testing.assert_array_equal(np.asarray(w), data)
+    for s in w.local_shards:
+      np.testing.assert_array_equal(np.asarray(s.data), data[s.index])
+
+
+def _error_of(fn):
+  try:
+    fn()
+  except (TypeError, ValueError) as e:
+    return type(e), str(e)
+  raise AssertionError("no error")
+
+
+@pytest.mark.parametrize("mesh_axes", [
+    "x", 5, [1], ["z"], ["x", "x"], [("x", "q")], [None, "y", "x"], ["x", None, "y"],
+    ["y"],  # on a (7, 8) array: 7 rows do not split 2 ways
+], ids=["str", "int", "int-entry", "unknown-axis", "repeated-axis", "unknown-in-tuple",
+        "too-many", "too-many-with-none", "indivisible"])
+def test_invalid_mesh_axes_get_from_callback_error(mesh_2d, tmp_path, mesh_axes):
+  """An invalid `mesh_axes` spelling gets the error `from_callback` gives, from
+  `gda_restore_args` (with `global_shape`, or without it: then on restore,
+  checked against the saved shape before anything is read)."""
+  shape = (8, 8) if mesh_axes != ["y"] else (7, 8)
+  want = _error_of(lambda: GlobalDeviceArray.from_callback(
+      shape, mesh_2d, mesh_axes, lambda i: np.zeros(shape, np.float32)[i]))
+  assert _error_of(lambda: orbax_support.gda_restore_args(
+      mesh_2d, mesh_axes, global_shape=shape)) == want
+  ocp.PyTreeCheckpointer().save(tmp_path / "c", {"w": jax.numpy.zeros(shape)})
+
+  def restore():
+    args = {"w": orbax_support.gda_restore_args(mesh_2d, mesh_axes)}
+    ocp.PyTreeCheckpointer().restore(tmp_path / "c",
+                                     args=ocp.args.PyTreeRestore(restore_args=args))
+  assert _error_of(restore) == want
+
+
+def test_gda_restore_args_names_a_bad_mesh(mesh_2d):
+  with pytest.raises(TypeError, match="`mesh` must be a `jax.sharding.Mesh`"):
+    orbax_support.gda_restore_args(mesh_2d.devices, P("x"))
+
+
+def test_restore_args_asking_for_a_gda_with_list_mesh_axes(mesh_2d, tmp_path):
+  """`ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, ...)` takes the same
+  spellings; `mesh_axes` that do not describe a given `sharding` are refused."""
+  saved, data = _gda(mesh_2d, P("x", "y"))
+  ocp.PyTreeCheckpointer().save(tmp_path / "c", {"w": saved})
+
+  def restore(**kwargs):
+    args = {"w": ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, **kwargs)}
+    return ocp.PyTreeCheckpointer().restore(
+        tmp_path / "c", args=ocp.args.PyTreeRestore(restore_args=args))["w"]
+  w = restore(mesh=mesh_2d, mesh_axes=["y", None])
+  assert type(w) is GlobalDeviceArray and w.mesh_axes == ["y", None]
+  np.testing.assert_array_equal(np.asarray(w), data)
+  w = restore(sharding=NamedSharding(mesh_2d, P("y")), mesh_axes=["y", None])
+  assert w.mesh_axes == ["y", None]
+  assert w.sharding == _gda(mesh_2d, ["y", None])[0].sharding
+  with pytest.raises(ValueError, match="which those mesh axes do not describe"):
+    restore(sharding=NamedSharding(mesh_2d, P("x")), mesh_axes=["y"])
