@@ -3,12 +3,13 @@
 The array is drawn as a 2-D grid (rank 1 as one row; rank > 2 by its two
 most-sharded dimensions, named in the caption): one box per shard at its true
 position and proportional size, labelled with its device ids (replicas share
-one box), one colour per device set. Each box carries `data-index`
-(`start:stop` per dimension, comma separated) and `data-devices` (device ids,
-comma separated) for tools and tests. Below it, the exact table: index,
-device, process and replica id of every shard. Plain HTML and inline CSS: no
-script, no network; boxes have their own light background and dark text, so
-the picture reads in light and dark themes.
+one box), one colour per device set; a zero-size dimension is drawn as if it
+had size 1, so boxes of distinct indices still sit side by side. Each box
+carries `data-index` (`start:stop` per dimension, comma separated) and
+`data-devices` (device ids, comma separated) for tools and tests. Below it,
+the exact table: index, device, process and replica id of every shard. Plain
+HTML and inline CSS: no script, no network; boxes have their own light
+background and dark text, so the picture reads in light and dark themes.
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ def _index_text(bounds: list[tuple[int, int]]) -> str:
 def _colour(i: int, n: int) -> str:
   r, g, b = colorsys.hls_to_rgb((i * 0.618034) % 1.0, 0.80, 0.55 if n > 1 else 0.0)
   return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
+
+
+def _span(bounds: list[tuple[int, int]], shape: Sequence[int], dim: int | None
+          ) -> tuple[int, int]:
+  """Where a box lies along drawn dimension `dim`, in that dimension's units.
+
+  A zero-size dimension is drawn as if it had size 1 and every box spanned
+  it (its indices are all `0:0`), so boxes of distinct indices, which then
+  differ along the other dimension, sit side by side and do not overlap.
+  """
+  if dim is None or shape[dim] == 0:
+    return 0, 1
+  return bounds[dim]
 
 
 def _shown_dims(shape: Sequence[int], shard_shape: Sequence[int]) -> list[int]:
@@ -75,7 +89,7 @@ def gda_html(gda) -> str:
   dims = _shown_dims(shape, shard_shape)
   rows_dim = dims[0] if len(dims) == 2 else None
   cols_dim = dims[-1] if dims else None
-  n_rows = max(shape[rows_dim], 1) if rows_dim is not None else 1
+  n_rows = max(shape[rows_dim], 1) if rows_dim is not None else 1  # size 0 is drawn as 1
   n_cols = max(shape[cols_dim], 1) if cols_dim is not None else 1
   if n_cols >= n_rows:
     width, height = _WIDTH, max(_MIN_SIDE, round(_WIDTH * n_rows / n_cols))
@@ -85,10 +99,8 @@ def gda_html(gda) -> str:
 
   parts = []
   for i, (key, (bounds, devices)) in enumerate(boxes.items()):
-    r0, r1 = bounds[rows_dim] if rows_dim is not None else (0, 1)
-    c0, c1 = bounds[cols_dim] if cols_dim is not None else (0, 1)
-    if shape and 0 in shape:
-      r0, r1, c0, c1 = 0, 1, 0, 1
+    r0, r1 = _span(bounds, shape, rows_dim)
+    c0, c1 = _span(bounds, shape, cols_dim)
     top, left = r0 / n_rows * height, c0 / n_cols * width
     h, w = max(r1 - r0, 0) / n_rows * height, max(c1 - c0, 0) / n_cols * width
     ids = ",".join(map(str, sorted(devices)))

@@ -130,3 +130,72 @@ def test_a_deleted_or_donated_gda_displays_as_deleted(mesh_2d):
   assert gda.is_deleted()
   text = gda._repr_html_()
   assert "deleted" in text and "jse-shard" not in text
+
+
+def _overlap(a, b):
+  w = min(a["left"] + a["width"], b["left"] + b["width"]) - max(a["left"], b["left"])
+  h = min(a["top"] + a["height"], b["top"] + b["height"]) - max(a["top"], b["top"])
+  return max(w, 0) * max(h, 0)
+
+
+def _assert_side_by_side(p, shape, along):
+  """The boxes of `p` (a picture of an array of `shape` with one zero-size
+  dimension) tile the picture along dimension `along`, the non-zero one: each
+  spans the picture across the zero-size one, sits at its index's start and
+  has its index's extent, and no two overlap."""
+  width, height = p.layout["width"], p.layout["height"]
+  n = shape[along]
+  for b in p.boxes:
+    start, stop = map(int, b["index"].split(",")[along].split(":"))
+    if along == 1:  # laid out across, in one row
+      assert (b["top"], b["height"]) == (0, pytest.approx(height, abs=0.01))
+      assert b["left"] == pytest.approx(start / n * width, abs=0.01)
+      assert b["width"] == pytest.approx((stop - start) / n * width, abs=0.01)
+    else:  # laid out down, in one column
+      assert (b["left"], b["width"]) == (0, pytest.approx(width, abs=0.01))
+      assert b["top"] == pytest.approx(start / n * height, abs=0.01)
+      assert b["height"] == pytest.approx((stop - start) / n * height, abs=0.01)
+  for i, a in enumerate(p.boxes):
+    for b in p.boxes[i + 1:]:
+      assert _overlap(a, b) == pytest.approx(0, abs=1e-6), (a, b)
+  assert sum(b["width"] * b["height"] for b in p.boxes) == pytest.approx(width * height)
+
+
+@pytest.mark.parametrize("shape, along", [((0, 4), 1), ((4, 0), 0)])
+def test_zero_size_dimension_draws_boxes_side_by_side(mesh_2d, shape, along):
+  """A zero-size dimension is drawn as if it had size 1: the boxes of distinct
+  indices (which differ only along the non-zero dimension) sit side by side
+  along it, each at its own place, none overlapping."""
+  gda = _gda(mesh_2d, shape, P("x", "y"))
+  p = _parse(gda)
+  assert {b["index"]: b["devices"] for b in p.boxes} == _expected(gda)
+  assert len(p.boxes) == (2 if along == 1 else 4)
+  _assert_side_by_side(p, shape, along)
+
+
+def test_zero_size_dimension_with_many_shards(devices):
+  """512 devices, shape (0, 32) split 16 x 32: 32 boxes across, one per column
+  index, each 1/32 of the picture's width."""
+  from jax_sharding_ext import _html
+
+  class Fake:
+    shape = (0, 32)
+    mesh_axes = P("a", "b")
+
+    class mesh:
+      shape = {"a": 16, "b": 32}
+
+    def is_deleted(self):
+      return False
+
+    @property
+    def global_shards(self):
+      dev = jax.devices()[0]
+      return [type("S", (), {"index": (slice(0, 0), slice(j, j + 1)), "device": dev,
+                              "replica_id": i})()
+              for i in range(16) for j in range(32)]
+  p = _Boxes()
+  p.feed(_html.gda_html(Fake()))
+  assert len(p.boxes) == 32
+  _assert_side_by_side(p, Fake.shape, 1)
+  assert all(b["width"] == pytest.approx(480 / 32, abs=0.01) for b in p.boxes)
