@@ -66,6 +66,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
@@ -319,7 +320,10 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
   Args:
     fn: called as `fn(data, index, device)`; its return value is ignored.
     x: a `jax.Array`, `GlobalDeviceArray`, or a traced value inside `jit`.
-      A numpy array needs `sharding=`.
+      A numpy array needs `sharding=`. A list or tuple is taken as one array
+      (`numpy.asarray(x)`; inside `jit`, where it may hold traced values,
+      `jax.numpy.asarray(x)`), so eagerly and under `jit` it visits, or is
+      refused, alike.
     sharding: a `NamedSharding` (over a concrete `Mesh`) or
       `SingleDeviceSharding` giving the shards to visit.
     ordered: keep program order per device (default True).
@@ -364,10 +368,11 @@ def _checked_callback_args(fn, x, sharding, ordered) -> Any:
     raise TypeError(f"`sharded_callback(..., ordered=...)` must be True or False, got {ordered!r}.")
   if sharding is not None:
     _check_sharding(sharding)
+  given = type(x).__name__ if isinstance(x, (list, tuple)) else None
   if hasattr(x, "to_jax_array") and not isinstance(x, jax.Array):
     x = x.to_jax_array()  # GlobalDeviceArray: the same buffers, no copy
   elif isinstance(x, (list, tuple, np.ndarray, np.generic, int, float, complex)):
-    x = np.asarray(x)  # host data: placed with `sharding=` below
+    x = _as_one_array(x)  # host data: placed with `sharding=` below
     if not jax_tables.is_plain_dtype(x.dtype) or x.dtype == np.dtype(object):
       raise TypeError(
           f"`sharded_callback(fn, x)` needs numeric array data for `x`, got dtype "
@@ -378,19 +383,37 @@ def _checked_callback_args(fn, x, sharding, ordered) -> Any:
         f"`GlobalDeviceArray`, a traced value inside `jit`, or host data with "
         f"`sharding=`), got {type(x).__name__} {x!r:.80}.")
   if sharding is not None and hasattr(x, "shape"):
+    listed = "" if given is None else (
+        f" `x` is a {given}, taken as one array of that shape (as `numpy.asarray(x)`); "
+        "to visit the shards of each element, call `sharded_callback` once per element.")
     spec = getattr(sharding, "spec", ())
     if len(spec) > len(x.shape):
       raise ValueError(
           f"`sharded_callback(..., sharding={sharding})` has {len(spec)} "
           f"PartitionSpec entries but the value has rank {len(x.shape)} (shape "
-          f"{tuple(x.shape)}); give at most one entry per dimension.")
+          f"{tuple(x.shape)}); give at most one entry per dimension.{listed}")
     try:
       sharding.shard_shape(tuple(x.shape))
     except ValueError as e:
       raise ValueError(
           f"`sharded_callback(..., sharding={sharding})` does not fit a value of "
-          f"shape {tuple(x.shape)}: {e}") from None
+          f"shape {tuple(x.shape)}: {str(e).rstrip('.')}.{listed}") from None
   return x
+
+
+def _as_one_array(x: Any) -> Any:
+  """Host data `x` as one array, as `numpy.asarray(x)` makes it; a list or
+  tuple holding traced values (inside `jit`) as `jax.numpy.asarray(x)` makes
+  it, since numpy cannot read those."""
+  traced = isinstance(x, (list, tuple)) and any(
+      isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
+  try:
+    return jnp.asarray(x) if traced else np.asarray(x)
+  except (TypeError, ValueError) as e:
+    raise TypeError(
+        f"`sharded_callback(fn, x)` takes a {type(x).__name__} `x` as one array, but "
+        f"this one does not make an array: {e} Pass one array (e.g. "
+        "`jax.numpy.stack(x)`), or call `sharded_callback` once per element.") from None
 
 
 def _eager_sharded_callback(fn, x, sharding, ordered) -> None:

@@ -931,3 +931,49 @@ def test_sharded_callback_host_data_and_junk(mesh_2d):
     jse.sharded_callback(lambda *a: None, ["a"] * 8, sharding=s)
   with pytest.raises(ValueError, match="sharding="):
     jse.sharded_callback(lambda *a: None, np.ones(8))
+
+
+def _raised(fn, kind):
+  with pytest.raises(kind) as e:
+    fn()
+  assert not isinstance(e.value, jax.errors.TracerArrayConversionError)
+  return str(e.value)
+
+
+def test_sharded_callback_list_of_arrays_eager_and_jit(mesh_1d):
+  """A list (or tuple) of arrays is one array, as `jnp.asarray([y, y])` and
+  `np.asarray([y, y])` stack a plain `jax.Array` list, eagerly and inside
+  `jit` alike: a `sharding=` that does not fit the stacked shape is the same
+  ValueError naming `sharded_callback` and `x` in both (never a
+  TracerArrayConversionError), one that fits visits the stacked array's
+  shards in both, and a list that does not stack is a TypeError in both."""
+  y, data = _put(mesh_1d, P("x"), shape=(8,))
+  bad = NamedSharding(mesh_1d, P("x"))  # 8 ways along the stacked axis of size 2
+  eager = _raised(lambda: jse.sharded_callback(print, [y, y], sharding=bad), ValueError)
+  traced = _raised(lambda: jax.jit(
+      lambda v: jse.sharded_callback(print, [v, v], sharding=bad))(y), ValueError)
+  assert traced == eager
+  assert "`sharded_callback(..., sharding=" in eager and "shape (2, 8)" in eager
+  assert "`x` is a list, taken as one array" in eager
+  too_long = NamedSharding(mesh_1d, P(None, None, "x"))
+  eager = _raised(lambda: jse.sharded_callback(print, (y, y), sharding=too_long), ValueError)
+  traced = _raised(lambda: jax.jit(
+      lambda v: jse.sharded_callback(print, (v, v), sharding=too_long))(y), ValueError)
+  assert traced == eager and "`x` is a tuple" in eager
+
+  fits = NamedSharding(mesh_1d, P(None, "x"))
+  want = jax.device_put(np.stack([data, data * 2]), fits)
+  seen, fn = _collector()
+  jse.sharded_callback(fn, [y, y * 2], sharding=fits)
+  _assert_matches_shards(seen, want)
+  seen, fn = _collector()
+  jax.jit(lambda v: jse.sharded_callback(fn, [v, v * 2], sharding=fits))(y)
+  jse.effects_barrier()
+  _assert_matches_shards(seen, want)
+
+  for msg in (_raised(lambda: jse.sharded_callback(print, [y, y[:3]], sharding=fits),
+                      TypeError),
+              _raised(lambda: jax.jit(
+                  lambda v: jse.sharded_callback(print, [v, v[:3]], sharding=fits))(y),
+                  TypeError)):
+    assert "`sharded_callback(fn, x)` takes a list `x` as one array" in msg
