@@ -119,6 +119,8 @@ def _nested_manual_error(ctx, kind: str) -> str:
 
 def _pmap_error(effect) -> str:
   return (
+      # The GDA-era text first (GDA-era tests match on it), then stock's.
+      "Ordered effects not supported in `pmap`. "
       "The following ordered effects are not supported for more than 1 device: "
       f"[{effect}]. jax_sharding_ext keeps stock JAX's rejection under `jax.pmap` "
       "(it widens acceptance only where it guarantees program order). Use "
