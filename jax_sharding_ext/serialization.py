@@ -7,19 +7,29 @@ and tensorstore; this module converts at the boundary (a GDA is written as
 its zero-copy `jax.Array`; a restored `jax.Array` is wrapped as a GDA on the
 requested mesh and mesh axes) and adds what the old module lacked:
 
-- checks before anything is written or read: a non-array argument, specs that
-  do not match the arrays, a rank mismatch, an unknown dtype, a missing
-  checkpoint, each a `TypeError` / `ValueError` naming the argument;
+- checks before anything is written or read: a non-array argument, a typed
+  PRNG key array, specs that do not match the arrays or that tensorstore
+  rejects, two arrays for one path, a stored array that this one cannot
+  overwrite (another shape, dtype or chunking), a rank mismatch, an unknown
+  dtype, a missing checkpoint, each a `TypeError` / `ValueError` naming the
+  argument. A refused save leaves its paths exactly as they were (no marker,
+  no byte);
 - commit markers: `run_serialization` and `GlobalAsyncCheckpointManager`
   put a marker key (`COMMIT_MARKER`) into each array's kvstore before the
   first write and remove it only once every process has committed; a restore
   refuses an array that still has it, so a partial checkpoint is never taken
   as complete. (The low-level `async_serialize` writes no marker.)
   Checkpoints without a marker (e.g. written by stock JAX) restore as usual.
+- one writer per path: a save to a path that another save of this process
+  is still writing (or has not yet been waited for) is a `RuntimeError`, so
+  one writer's commit can never remove the marker of another writer's
+  unfinished checkpoint (see `GlobalAsyncCheckpointManager`).
 - `GlobalAsyncCheckpointManager` works in a single process without
   `jax.distributed.initialize()` (stock's manager does; the old one refused).
 - the `run_*` functions work where an event loop is already running (a
-  Jupyter notebook): they then run on a helper thread.
+  Jupyter notebook): they then run on a helper thread. Either way an error
+  is raised at the caller's line, with no event-loop exception chained to it
+  and no asyncio frames.
 
 Needs tensorstore: `pip install 'jax-sharding-ext[checkpoint]'`.
 
@@ -31,7 +41,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,6 +107,12 @@ def _array_to_write(x: Any, where: str) -> jax.Array:
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
     if x.is_deleted():
       raise RuntimeError(f"{where} is a `jax.Array` that has been deleted or donated.")
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      raise TypeError(
+          f"{where} is a typed PRNG key array (dtype {x.dtype}), which a tensorstore "
+          "checkpoint cannot hold (stock `array_serialization` raises a TypeError too). "
+          "Save `jax.random.key_data(keys)` instead and rebuild the keys after "
+          "restoring with `jax.random.wrap_key_data(data, impl=...)`.")
     return x
   raise TypeError(
       f"{where} must be a GlobalDeviceArray or a jax.Array, got {type(x).__name__}. "
@@ -102,8 +120,33 @@ def _array_to_write(x: Any, where: str) -> jax.Array:
       "`jax.device_put`).")
 
 
-def _checked_arrays(fn: str, arrays: Any, tensorstore_specs: Any) -> tuple[list, list]:
-  """Flat lists (arrays as `jax.Array`s, specs), validated before any write."""
+def _spec_to_write(arr: jax.Array, spec: dict, where: str) -> dict:
+  """A copy of `spec` completed as stock's `async_serialize` completes it (the
+  metadata and the zarr dtype from `arr`) and parsed by tensorstore, so that
+  a spec stock would refuse half-way through a save is refused before it."""
+  full = dict(spec)
+  try:
+    if not _spec_has_metadata(full):
+      full["metadata"] = _ts_impl._get_tensorstore_metadata(arr, driver=full["driver"])
+    if full["driver"] == "zarr" and "dtype" not in full:
+      full["dtype"] = jax.numpy.dtype(arr.dtype).name
+    ts.Spec(full)
+  except (KeyError, TypeError, ValueError) as e:
+    reason = f"it has no {e} entry" if isinstance(e, KeyError) else str(e)
+    raise ValueError(f"{where} is not a tensorstore spec this array can be written to: "
+                     f"{reason}. Build it with `get_tensorstore_spec(path)`.") from None
+  metadata = full.get("metadata")
+  if isinstance(metadata, dict) and "shape" in metadata:
+    if tuple(metadata["shape"]) != tuple(arr.shape):
+      raise ValueError(f"{where} has metadata shape {tuple(metadata['shape'])}, but the "
+                       f"array has shape {tuple(arr.shape)}; drop the spec's 'metadata' "
+                       "or make it match the array.")
+  return full
+
+
+def _checked_arrays(fn: str, arrays: Any, tensorstore_specs: Any) -> tuple[list, list, list]:
+  """Flat lists (arrays as `jax.Array`s, specs, the specs as stock completes
+  them), validated without any I/O before anything is written."""
   if isinstance(arrays, GlobalDeviceArray | jax.Array):
     raise TypeError(f"`{fn}`: `arrays` must be a sequence of arrays; wrap a single "
                     "array in a list.")
@@ -113,9 +156,11 @@ def _checked_arrays(fn: str, arrays: Any, tensorstore_specs: Any) -> tuple[list,
                      "tensorstore_specs; give one spec per array.")
   out = [_array_to_write(a, _where(fn, "arrays", i)) for i, a in enumerate(arrays)]
   multi_process = jax.process_count() > 1
+  full, seen = [], {}
   for i, (arr, spec) in enumerate(zip(out, specs, strict=True)):
+    where = _where(fn, "tensorstore_specs", i)
     if not isinstance(spec, dict):
-      raise TypeError(f"{_where(fn, 'tensorstore_specs', i)} must be a dict (e.g. from "
+      raise TypeError(f"{where} must be a dict (e.g. from "
                       f"`get_tensorstore_spec(path)`), got {type(spec).__name__}.")
     if multi_process and arr.is_fully_addressable:
       raise ValueError(
@@ -123,7 +168,13 @@ def _checked_arrays(fn: str, arrays: Any, tensorstore_specs: Any) -> tuple[list,
           "multi-process checkpoint needs global arrays (every process would write "
           "its own different value to the same path). Make it global first, e.g. "
           "with `multihost_utils.host_local_array_to_global_array`.")
-  return out, specs
+    key = _path_key(spec)
+    if key is not None and key in seen:
+      raise ValueError(f"`{fn}`: tensorstore_specs[{seen[key]}] and tensorstore_specs[{i}] "
+                       f"both name '{_spec_path(spec)}'; give each array its own path.")
+    seen[key] = i
+    full.append(_spec_to_write(arr, spec, where))
+  return out, specs, full
 
 
 def _checked_dtype(dtype: Any, where: str) -> Any:
@@ -131,8 +182,8 @@ def _checked_dtype(dtype: Any, where: str) -> Any:
     return None
   try:
     return jax.numpy.dtype(dtype)
-  except TypeError as e:
-    raise TypeError(f"{where} is not a dtype: {dtype!r}.") from e
+  except TypeError:
+    raise TypeError(f"{where} is not a dtype: {dtype!r}.") from None
 
 
 def _same_length(fn: str, n: int, **seqs: Any) -> list[list]:
@@ -155,6 +206,21 @@ def _spec_path(spec: Any) -> str:
   if isinstance(kv, str):
     return kv
   return repr(spec)
+
+
+def _path_key(spec: Any) -> str | None:
+  """What identifies the location `spec` writes to, or None if it names none."""
+  kv = spec.get("kvstore") if isinstance(spec, dict) else None
+  if isinstance(kv, dict) and kv.get("driver") in _MARKER_DRIVERS:
+    path = str(kv.get("path", "")).rstrip("/")
+    if kv.get("driver") == "file" and path:
+      path = os.path.normpath(path)
+    return repr((kv.get("driver"), kv.get("bucket"), path))
+  if isinstance(kv, dict):  # e.g. ocdbt over a base kvstore: every entry counts
+    return repr(sorted((k, repr(v)) for k, v in kv.items()))
+  if isinstance(kv, str):
+    return kv.rstrip("/")
+  return None
 
 
 # -- commit markers -------------------------------------------------------------
@@ -193,15 +259,96 @@ async def _check_committed(spec: Any, where: str) -> None:
         "Restore an earlier checkpoint.")
 
 
+async def _check_target(full_spec: dict, where: str) -> None:
+  """Open the array at `full_spec` (a spec completed by `_spec_to_write`) as
+  stock's save opens it, without creating anything: a new path is fine; an
+  array there that stock's save would refuse (another shape, dtype or chunking),
+  or a location that cannot be opened, is refused now, before any write."""
+  try:
+    await ts.open(ts.Spec(full_spec), open=True, context=TS_CONTEXT,
+                  chunk_layout=_ts_impl._TS_CHUNK_LAYOUT)
+  except ValueError as e:
+    reason = str(e).split(" [tensorstore_spec=")[0]  # the spec is long and ours
+    if reason.startswith("NOT_FOUND"):
+      return
+    raise ValueError(
+        f"{where}: cannot write to '{_spec_path(full_spec)}' ({reason}); nothing was "
+        "written. If an array of another shape, dtype or sharding is stored there, "
+        "write to a new path or delete the old array first.") from None
+
+
+async def _check_targets(fn: str, full_specs: Sequence[dict]) -> None:
+  await asyncio.gather(*(_check_target(spec, _where(fn, "tensorstore_specs", i))
+                         for i, spec in enumerate(full_specs)))
+
+
+# -- one writer per path ----------------------------------------------------------
+#
+# Every save (a `run_serialization` call, or a `GlobalAsyncCheckpointManager`
+# checkpoint until its `wait_until_finished()` returns) holds the paths it
+# writes. A second save to a held path is refused before it writes its marker:
+# otherwise the first save's commit would remove the marker they share while
+# the second still writes, and a crash then would leave a partial checkpoint
+# that restores as complete. A writer that has been garbage collected holds
+# nothing.
+
+_writers_lock = threading.Lock()
+_writers: dict[str, tuple[weakref.ref, str]] = {}  # path key -> (writer, what it is)
+_MANAGER_WRITER = ("a GlobalAsyncCheckpointManager checkpoint that has not been waited for; "
+                   "call `wait_until_finished()` on that manager first")
+_RUN_WRITER = ("a `run_serialization` call that has not returned (in another thread); "
+               "let it return first")
+
+
+class _SaveInProgress:
+  """The writer of one `run_serialization` call (weakly referenced)."""
+
+
+def _hold_paths(fn: str, specs: Sequence[Any], writer: Any, what: str) -> list[str]:
+  """Record `writer` (described by `what`: whom it is and how to wait for it)
+  as the one writer of `specs`' paths, or raise if another live writer holds
+  one of them."""
+  keys = [_path_key(spec) for spec in specs]
+  with _writers_lock:
+    for i, key in enumerate(keys):
+      held = _writers.get(key) if key is not None else None
+      if held is not None and held[0]() is not None and held[0]() is not writer:
+        raise RuntimeError(
+            f"{_where(fn, 'tensorstore_specs', i)}: '{_spec_path(specs[i])}' is being "
+            f"written by {held[1]}, or write to another path. Nothing was written: two "
+            "saves to one path at once would remove each other's commit marker and mix "
+            "their chunks.")
+    ref = weakref.ref(writer)
+    held_keys = [key for key in keys if key is not None]
+    for key in held_keys:
+      _writers[key] = (ref, what)
+  return held_keys
+
+
+def _release_paths(keys: Sequence[str], writer: Any) -> None:
+  with _writers_lock:
+    for key in keys:
+      held = _writers.get(key)
+      if held is not None and held[0]() in (writer, None):
+        del _writers[key]
+
+
 # -- running coroutines -----------------------------------------------------------
+
+
+def _loop_is_running() -> bool:
+  try:
+    asyncio.get_running_loop()
+  except RuntimeError:
+    return False
+  return True
 
 
 def _call(fn: Callable[[], Any]) -> Any:
   """`fn()`, on a helper thread if this thread runs an event loop (where
-  `asyncio.run`, used by stock and by us, refuses to start)."""
-  try:
-    asyncio.get_running_loop()
-  except RuntimeError:
+  `asyncio.run`, used by stock and by us, refuses to start). `fn` never runs
+  inside an `except` block, so its errors carry no chained exception of ours."""
+  if not _loop_is_running():
     return fn()
   result: dict[str, Any] = {}
 
@@ -219,8 +366,20 @@ def _call(fn: Callable[[], Any]) -> Any:
 
 
 def _run(coro_fn: Callable[[], Any]) -> Any:
-  """`asyncio.run(coro_fn())`, also where this thread already runs a loop."""
-  return _call(lambda: asyncio.run(coro_fn()))
+  """`asyncio.run(coro_fn())`, also where this thread already runs a loop.
+
+  An error of the coroutine is caught inside it and raised here, so its
+  traceback holds the caller's frames and the coroutine's, not asyncio's.
+  """
+  async def caught():
+    try:
+      return await coro_fn(), None
+    except Exception as e:  # raised again below, outside asyncio
+      return None, e
+  value, error = _call(lambda: asyncio.run(caught()))
+  if error is not None:
+    raise error
+  return value
 
 
 # -- the old module's functions -------------------------------------------------------
@@ -266,7 +425,7 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None):
   Stock `async_serialize`; with `commit_future` (a list) the commit futures
   are appended to it instead of awaited. Writes no commit marker.
   """
-  (arr,), _ = _checked_arrays("async_serialize", [arr_inp], [tensorstore_spec])
+  (arr,), _, _ = _checked_arrays("async_serialize", [arr_inp], [tensorstore_spec])
   return await _stock.async_serialize(arr, tensorstore_spec, commit_future=commit_future)
 
 
@@ -276,17 +435,32 @@ def run_serialization(arrays, tensorstore_specs):
 
   Every process calls it with the same arrays; it returns once every process
   has written its shards (a barrier when there are several processes).
+  Everything that can refuse the save (bad input, a stored array of another
+  shape, dtype or sharding, a path another save is still writing) is checked
+  before the commit markers and the first byte are written.
   """
-  arrs, specs = _checked_arrays("run_serialization", arrays, tensorstore_specs)
-  _run(lambda: _set_markers(specs, True))
-  _call(lambda: _stock.run_serialization(arrs, specs))
-  multi_process = jax.process_count() > 1
-  if multi_process:
-    _multihost.sync_global_devices("jax_sharding_ext.serialization.run_serialization")
-  if jax.process_index() == 0:
-    _run(lambda: _set_markers(specs, False))
-  if multi_process:
-    _multihost.sync_global_devices("jax_sharding_ext.serialization.committed")
+  fn = "run_serialization"
+  arrs, specs, full_specs = _checked_arrays(fn, arrays, tensorstore_specs)
+  writer = _SaveInProgress()
+  held = _hold_paths(fn, specs, writer, _RUN_WRITER)
+  try:
+    _run(lambda: _check_targets(fn, full_specs))
+    _run(lambda: _set_markers(specs, True))
+    _run(lambda: _write_all(arrs, specs))
+    multi_process = jax.process_count() > 1
+    if multi_process:
+      _multihost.sync_global_devices("jax_sharding_ext.serialization.run_serialization")
+    if jax.process_index() == 0:
+      _run(lambda: _set_markers(specs, False))
+    if multi_process:
+      _multihost.sync_global_devices("jax_sharding_ext.serialization.committed")
+  finally:
+    _release_paths(held, writer)
+
+
+async def _write_all(arrs: Sequence[jax.Array], specs: Sequence[Any]) -> None:
+  """Stock's `run_serialization`, as a coroutine."""
+  await asyncio.gather(*(_stock.async_serialize(a, s) for a, s in zip(arrs, specs, strict=True)))
 
 
 def estimate_read_memory_footprint(t: ts.TensorStore) -> int:
@@ -302,9 +476,9 @@ async def _open_existing(spec: Any, where: str) -> ts.TensorStore:
     reason = str(e).split(" [tensorstore_spec=")[0]  # the spec is long and ours
     if "NOT_FOUND" in reason:
       raise ValueError(f"{where}: no checkpoint at '{_spec_path(spec)}' ({reason}). "
-                       "Check the path, and that the checkpoint was committed.") from e
+                       "Check the path, and that the checkpoint was committed.") from None
     raise ValueError(f"{where}: cannot open the checkpoint at '{_spec_path(spec)}': "
-                     f"{reason}") from e
+                     f"{reason}") from None
 
 
 async def async_deserialize(mesh, mesh_axes, tensorstore_spec,
@@ -400,6 +574,18 @@ class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
   next `check_for_errors` / `wait_until_finished` / `serialize`. Works in a
   single process without `jax.distributed.initialize()`.
 
+  One writer per path: a checkpoint holds its paths from `serialize` until
+  this manager's `wait_until_finished()` returns (the next `serialize` calls
+  it first), and a save to a held path by another manager or by
+  `run_serialization` is a `RuntimeError`, before it writes anything. All
+  writers of a path share its commit marker, so a second writer would have its
+  marker removed by the first one's commit while it still writes, and a
+  crash then would leave a partial checkpoint that restores as complete;
+  refusing it also keeps two writers' chunks from mixing in one array. The
+  rule depends only on the order of calls, never on how far the background
+  commit has got, so every process of a multi-process job decides alike.
+  (Saves from different jobs to one path are not detected.)
+
   Example:
     >>> manager = GlobalAsyncCheckpointManager()
     >>> manager.serialize([gda], [get_tensorstore_spec(tmp)],
@@ -415,19 +601,37 @@ class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
     Returns once this process's shards are copied out of device memory; the
     arrays may then be donated or deleted.
     """
+    fn = "GlobalAsyncCheckpointManager.serialize"
     if not callable(on_commit_callback):
-      raise TypeError("`GlobalAsyncCheckpointManager.serialize`: on_commit_callback "
-                      f"must be callable, got {type(on_commit_callback).__name__}.")
-    arrs, specs = _checked_arrays("GlobalAsyncCheckpointManager.serialize", arrays,
-                                  tensorstore_specs)
-    self.wait_until_finished()
-    _run(lambda: _set_markers(specs, True))
+      raise TypeError(f"`{fn}`: on_commit_callback must be callable, got "
+                      f"{type(on_commit_callback).__name__}.")
+    arrs, specs, full_specs = _checked_arrays(fn, arrays, tensorstore_specs)
+    self.wait_until_finished()  # also releases the paths of the previous checkpoint
+    held = _hold_paths(fn, specs, self, _MANAGER_WRITER)
+    try:
+      _run(lambda: _check_targets(fn, full_specs))
+      _run(lambda: _set_markers(specs, True))
 
-    def commit():  # process 0, after every process has committed its writes
-      _run(lambda: _set_markers(specs, False))
-      on_commit_callback()
-    _call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
-        arrs, specs, on_commit_callback=commit))
+      def commit():  # process 0, after every process has committed its writes
+        _run(lambda: _set_markers(specs, False))
+        on_commit_callback()
+      _call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
+          arrs, specs, on_commit_callback=commit))
+    except BaseException:
+      _release_paths(held, self)
+      raise
+    self._jse_held_paths = held
+
+  def wait_until_finished(self):
+    """Block until the background commit has finished; raise its error.
+
+    Then (error or not) this manager's checkpoint no longer holds its paths.
+    """
+    try:
+      super().wait_until_finished()
+    finally:
+      _release_paths(getattr(self, "_jse_held_paths", ()), self)
+      self._jse_held_paths = []
 
   @jax_tracebacks.api_boundary
   def deserialize(self, global_meshes, mesh_axes, tensorstore_specs,

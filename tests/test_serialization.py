@@ -220,11 +220,15 @@ def test_a_failed_write_is_raised_and_its_checkpoint_refused(mesh_2d, tmp_path):
   spec = lambda: _spec(tmp_path, "g")  # a fresh dict each time: specs are filled in
   old, _ = _gda(mesh_2d, P("x", "y"))
   serialization.run_serialization([old], [spec()])
-  other, _ = _gda(mesh_2d, P("x"), shape=(4, 4))  # same path, other shape: the open fails
+  # A directory where the first chunk goes: every check passes, the write fails
+  # after the marker and the other chunks are written (a partial overwrite).
+  (tmp_path / "g" / "0.0").unlink()
+  (tmp_path / "g" / "0.0").mkdir()
+  new, _ = _gda(mesh_2d, P("x", "y"))
   calls = []
   manager = serialization.GlobalAsyncCheckpointManager()
-  manager.serialize([other], [spec()], on_commit_callback=lambda: calls.append(1))
-  with pytest.raises(ValueError, match='Expected "shape" of \\[4,4\\]'):
+  manager.serialize([new], [spec()], on_commit_callback=lambda: calls.append(1))
+  with pytest.raises(ValueError, match="Is a directory"):
     manager.wait_until_finished()
   assert calls == []  # never committed
   manager.wait_until_finished()  # raised once, not again
