@@ -35,15 +35,21 @@ class TracebackExclusionEdit:
   def __init__(self, path: str = PACKAGE_DIR):
     self.path = path
     self.applied = False
+    self.position: int | None = None  # where it was before the last revert
 
   def apply(self) -> None:
     if not self.applied:
-      _tb_util._exclude_paths.append(self.path)
+      paths = _tb_util._exclude_paths
+      # Back where it was (libraries imported meanwhile may have appended
+      # their own paths after it), else at the end.
+      at = self.position if self.position is not None else len(paths)
+      paths.insert(min(at, len(paths)), self.path)
       self.applied = True
 
   def revert(self) -> None:
     if self.applied:
-      # The last occurrence is ours (appended after any earlier one).
+      # The last occurrence is ours (added after any earlier one).
       paths = _tb_util._exclude_paths
-      del paths[len(paths) - 1 - paths[::-1].index(self.path)]
+      self.position = len(paths) - 1 - paths[::-1].index(self.path)
+      del paths[self.position]
       self.applied = False
