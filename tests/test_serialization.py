@@ -24,25 +24,22 @@ from jax_sharding_ext import GlobalDeviceArray, serialization
 REPO = pathlib.Path(__file__).parent.parent
 
 # The public functions of jax/experimental/gda_serialization/serialization.py
-# at jax-v0.3.21 (the same names at 0.3.17 to 0.3.20), as written there.
+# whose signatures were the same from jax-v0.3.17 to jax-v0.4.1, as written
+# there; the write functions and `serialize` also take a keyword-only
+# `metadata`. The two forms of the deserialization functions are checked in
+# test_serialization_vintages.py.
 OLD_SIGNATURES = {
     "create_async_array_from_callback": "(global_shape, inp_sharding, data_callback)",
     "create_async_gda_from_callback": "(global_shape, global_mesh, mesh_axes, data_callback)",
     "get_tensorstore_spec": "(ckpt_path)",
-    "async_serialize": "(arr_inp, tensorstore_spec, commit_future=None)",
-    "run_serialization": "(arrays, tensorstore_specs)",
+    "async_serialize": "(arr_inp, tensorstore_spec, commit_future=None, *, "
+                       "metadata='gda_serialization')",
+    "run_serialization": "(arrays, tensorstore_specs, *, metadata='gda_serialization')",
     "estimate_read_memory_footprint": "(t)",
-    "async_deserialize": ("(mesh, mesh_axes, tensorstore_spec, global_shape=None, dtype=None, "
-                          "byte_limiter=None)"),
-    "run_deserialization": ("(global_meshes, mesh_axes, tensorstore_specs, global_shapes=None, "
-                            "dtypes=None, concurrent_gb=32)"),
 }
 OLD_METHODS = {
     "check_for_errors": "(self)",
     "wait_until_finished": "(self)",
-    "serialize": "(self, arrays, tensorstore_specs, *, on_commit_callback)",
-    "deserialize": ("(self, global_meshes, mesh_axes, tensorstore_specs, global_shapes=None, "
-                    "dtypes=None)"),
 }
 
 
@@ -63,6 +60,8 @@ def test_old_public_names_and_signatures():
               serialization.GlobalAsyncCheckpointManager):
     for name, sig in OLD_METHODS.items():
       assert _bare(inspect.signature(getattr(cls, name))) == sig, (cls, name)
+  assert _bare(inspect.signature(serialization.GlobalAsyncCheckpointManager.serialize)) == (
+      "(self, arrays, tensorstore_specs, *, on_commit_callback, metadata='gda_serialization')")
   assert _bare(inspect.signature(serialization.AsyncManager)) == "(timeout_secs=300)"
   assert _bare(inspect.signature(serialization.GlobalAsyncCheckpointManager)) == (
       "(timeout_secs=300)")
@@ -71,7 +70,8 @@ def test_old_public_names_and_signatures():
   assert issubclass(serialization.GlobalAsyncCheckpointManager, serialization.AsyncManager)
   assert isinstance(serialization.TS_CONTEXT, ts.Context)
   assert serialization._spec_has_metadata({"metadata": {}})
-  assert set(serialization.__all__) >= set(OLD_SIGNATURES)
+  assert set(serialization.__all__) >= set(OLD_SIGNATURES) | {
+      "async_deserialize", "run_deserialization"}
 
 
 def test_get_tensorstore_spec_matches_the_old_specs():

@@ -377,18 +377,25 @@ def test_filtering_off_still_shows_every_frame(tmp_path):
   proc = subprocess.run([sys.executable, str(script), "script"], capture_output=True,
                         text=True, env=env, timeout=300, cwd=str(tmp_path))
   assert proc.returncode == 1, proc.stderr
-  assert "in async_deserialize" in proc.stderr, proc.stderr
+  assert "in run_deserialization" in proc.stderr and "in _read" in proc.stderr, proc.stderr
   assert "During handling of the above exception" not in proc.stderr, proc.stderr
   assert "ValueError: `async_deserialize`" in proc.stderr, proc.stderr
 
 
 def test_stock_interchange_survives_the_checks(mesh_2d, tmp_path):
   """A checkpoint written by stock is overwritten in place by a save of the
-  same shape, dtype and sharding (the checks open it and accept it)."""
+  same shape, dtype and sharding with `metadata="stock"` (the checks open it
+  and accept it). A default save (gzip) is refused, naming that option, and
+  leaves it exactly as it was."""
   data = np.arange(32, dtype=np.float32).reshape(8, 4)
   arr = jax.device_put(data, NamedSharding(mesh_2d, P("x", "y")))
   stock.run_serialization([arr], [_spec(tmp_path / "a")])
+  before = _snapshot(tmp_path)
   gda, data2 = _gda(mesh_2d, P("x", "y"), offset=7)
-  serialization.run_serialization([gda], [_spec(tmp_path / "a")])
+  with pytest.raises(ValueError, match="written with metadata='stock'; pass that to "
+                                       "overwrite it in place"):
+    serialization.run_serialization([gda], [_spec(tmp_path / "a")])
+  assert _snapshot(tmp_path) == before
+  serialization.run_serialization([gda], [_spec(tmp_path / "a")], metadata="stock")
   out, = stock.run_deserialization([NamedSharding(mesh_2d, P())], [_spec(tmp_path / "a")])
   np.testing.assert_array_equal(np.asarray(out), data2)
