@@ -25,7 +25,7 @@ def test_all_matches_public_names():
   # Modules needing an optional extra stay out of `__all__` (so that
   # `from jax_sharding_ext import *` works without it); they are attributes
   # only once imported.
-  optional = {"serialization", "orbax_support"}
+  optional = {"serialization", "orbax_support", "port"}
   public = {n for n in dir(jax_sharding_ext) if is_public(n)} - optional
   assert set(jax_sharding_ext.__all__) == public
   assert not optional & set(jax_sharding_ext.__all__)
