@@ -23,6 +23,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -35,7 +36,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
-from jax_sharding_ext import _ledger, _transfer
+from jax_sharding_ext import _ipython, _ledger, _transfer
+from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import transfer as jax_transfer
 
 GDA = jse.GlobalDeviceArray
@@ -609,6 +611,53 @@ def test_ledger_site_is_the_users_line(mesh_2d):
   assert [r.site for r in ledger.records] == [f"{HERE}:{line}", f"{HERE}:{line + 1}"]
 
 
+def test_ledger_site_text_is_built_when_read_and_kept(mesh_2d, monkeypatch, tmp_path):
+  # Recording keeps the call site; the text is built on first read, once.
+  g, g2 = _gda(mesh_2d), _gda(mesh_2d)
+  built = []
+  real = _ipython.site_text
+  monkeypatch.setattr(_ipython, "site_text",
+                      lambda filename, lineno: built.append(lineno) or real(filename, lineno))
+  with jse.transfer_ledger() as ledger:
+    line = inspect.currentframe().f_lineno + 1
+    np.asarray(g), jax.device_get(g2)
+  assert built == []
+  first, second = ledger.records
+  assert first.site == f"{HERE}:{line}" and built == [line]
+  assert first.site == f"{HERE}:{line}" and built == [line]  # kept, not rebuilt
+  # The dataclass surface sees the text: equality, hashing, repr, asdict, replace, pickle.
+  same = dataclasses.replace(second, explicit=False, nbytes=first.nbytes)
+  assert same == first and hash(same) == hash(first)
+  assert f"site='{HERE}:{line}'" in repr(second)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    first.site = "elsewhere.py:1"
+  g3 = _gda(mesh_2d)
+  with jse.transfer_ledger() as later:
+    line = inspect.currentframe().f_lineno + 1
+    np.asarray(g3)
+  (rec,) = later.records
+  # A path reads relative to the working directory of the first read; from
+  # outside it, in full.
+  monkeypatch.chdir(tmp_path)
+  assert rec.site == f"{__file__}:{line}"
+
+
+def test_ledger_site_without_a_user_frame_and_in_a_notebook_cell(mesh_2d, monkeypatch):
+  site = jax_frames.CallSite("/tmp/ipykernel_1/123.py", 4, "<module>")
+  record = _ledger.TransferRecord("device_to_host", False, 4, (1,), np.dtype(np.float32),
+                                  (), (), site)
+
+  class Shell:  # what `_ipython.shell()` reads of a running IPython
+    class compile:
+      _filename_map = {"/tmp/ipykernel_1/123.py": 3}
+
+  monkeypatch.setattr(_ipython, "shell", lambda: Shell)
+  kept = pickle.loads(pickle.dumps(record))  # before its first read: the site travels
+  assert record.site == "Cell In[3], line 4" and kept == record
+  assert _ledger.TransferRecord("device_to_host", False, 4, (1,), np.dtype(np.float32),
+                                (), (), None).site == "<unknown>:0"
+
+
 def test_ledger_reshard_and_fetch_bytes(mesh_2d):
   g = _gda(mesh_2d)
   dev = mesh_2d.devices.flat[5]
@@ -623,6 +672,26 @@ def test_ledger_reshard_and_fetch_bytes(mesh_2d):
   assert ledger.records[1].dst == (dev,)
   assert ledger.records[2].dst == ()
   assert all(r.explicit for r in ledger.records)
+
+
+def test_ledger_placement_of_mixed_host_and_device_values(mesh_2d):
+  # Host values are host_to_device, device values elsewhere device_to_device,
+  # one already on its device moves nothing; each direction is one record.
+  devs = list(mesh_2d.devices.flat)
+  on_dev0 = jax.device_put(DATA, devs[0])
+  values = {d: (DATA if i % 2 else on_dev0) for i, d in enumerate(devs)}
+  with jse.transfer_ledger() as ledger, jax.transfer_guard_host_to_device("log"):
+    g = GDA.from_batched_callback((8, 2), mesh_2d, P(),
+                                  lambda idxs: [values[d] for d in devs])
+  np.testing.assert_array_equal(np.asarray(g), DATA)
+  h2d, d2d = ledger.records
+  assert (h2d.direction, h2d.dst, h2d.nbytes) == ("host_to_device", tuple(devs[1::2]),
+                                                  4 * DATA.nbytes)
+  assert (d2d.direction, d2d.src, d2d.dst, d2d.nbytes) == (
+      "device_to_device", (devs[0],) * 3, tuple(devs[2::2]), 3 * DATA.nbytes)
+  with jax.transfer_guard_device_to_device("disallow_explicit"), pytest.raises(
+      jax.errors.JaxRuntimeError, match="device-to-device"):
+    GDA.from_batched_callback((8, 2), mesh_2d, P(), lambda idxs: [values[d] for d in devs])
 
 
 def test_ledger_one_record_per_pytree_leaf(mesh_2d):

@@ -1,6 +1,7 @@
 """Questions JAX answers only inside its own Python frames, found by code
 object: are we inside a host callback, tracing a pmap body, inside an AOT
-executable's call, or compiling which jitted function?
+executable's call, or compiling which jitted function? And the one question
+about the user's frames: where is the user's call that made a transfer?
 
 Touches the code objects of `jax._src.callback.emit_python_callback`'s
 nested functions, `jax._src.pmap._cached_shard_map`'s `_fun`,
@@ -31,11 +32,14 @@ from __future__ import annotations
 # `tests/test_effects.py` names the function that moved.
 # ---------------------------------------------------------------------------
 import inspect
+import os
 import sys
 import threading
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax
+import jaxlib
 from jax._src import callback as _callback
 from jax._src import pjit as _pjit
 from jax._src import pmap as _pmap
@@ -185,3 +189,42 @@ def other_threads_reading_tables() -> list[int]:
   me = threading.get_ident()
   return [tid for tid, frame in sys._current_frames().items()
           if tid != me and find_frame(_TABLE_READER_CODES, frame) is not None]
+
+
+# --- the user's call site -------------------------------------------------------
+# Transfer-guard messages, "log" records and ledger records name the user's
+# line: the innermost frame outside this package, `jax` and `jaxlib`. Only
+# the file name, line and function name are kept, never the frame (a ledger
+# record may live long; a frame would keep every local of the call alive).
+# Turning them into text (`Cell In[3], line 5`, a relative path) is left to
+# whoever reads them.
+# ---------------------------------------------------------------------------
+
+
+class CallSite(NamedTuple):
+  """Where a call is: its file name, line number and function name."""
+
+  filename: str
+  lineno: int
+  function: str
+
+
+NOT_USER_CODE = tuple(d + os.sep for d in (
+    os.path.dirname(os.path.dirname(__file__)),  # jax_sharding_ext/, above this _jax/
+    os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__)))
+"""Frames in these directories (this package, `jax`, `jaxlib`) are not the user's."""
+
+
+def user_call_site(skip: tuple[str, ...] = NOT_USER_CODE) -> CallSite | None:
+  """The innermost caller whose file is not under a prefix in `skip`, or None.
+
+  Costs a walk of the few frames between the caller and the user's line
+  (~0.2 us for a `np.asarray(gda)`); no text is built.
+  """
+  f = sys._getframe(1)
+  while f is not None and f.f_code.co_filename.startswith(skip):
+    f = f.f_back
+  if f is None:
+    return None
+  code = f.f_code
+  return CallSite(code.co_filename, f.f_lineno, code.co_name)
