@@ -2,9 +2,10 @@
 
 Runs each `bench_*.py` module's `run()` in this process (the import-time
 benchmark starts its own fresh subprocesses), prints their output as it goes,
-then writes a markdown report: date, versions, machine, device count, one row
-per (benchmark, variant) with its median and ratio, and whether each target of
-issues 3-6, 12, 15 and 20 was met.
+then writes a markdown report: date, versions, machine, device count, whether
+each target was met, the scaling curves (a table and a plot each; the plots
+go to `docs/scaling_*.png`, or next to a report written elsewhere), and one
+row per (benchmark, variant) with its median and ratio.
 
 Run: `make bench`, or `.venv/bin/python benchmarks/run_all.py [--quick]
 [--only NAME ...] [--output PATH]`. `--quick` uses far fewer iterations (a
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import _common  # first: sets XLA_FLAGS (8 CPU devices) before JAX starts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUTPUT = os.path.join(HERE, "RESULTS.md")
 
 # (module, keyword arguments of its run() for a full run, for --quick).
 BENCHES: list[tuple[str, dict, dict]] = [
@@ -35,6 +37,9 @@ BENCHES: list[tuple[str, dict, dict]] = [
     ("bench_effects", {"calls": 200, "rounds": 15}, {"calls": 50, "rounds": 5}),
     ("bench_donation", {"steps": 50, "mib": 64}, {"steps": 10, "mib": 64}),
     ("bench_construction", {"reps": 21}, {"reps": 5}),
+    # Before bench_checkpoint: each checkpoint save leaves memory behind in this
+    # process, and the scaling run's 1 GiB checkpoint child needs several GiB.
+    ("bench_scaling", {}, {"quick": True}),
     ("bench_checkpoint", {"reps": 15}, {"reps": 3}),
     ("bench_train_loop", {"n": 400}, {"n": 50}),
     ("bench_import", {"runs": 21}, {"runs": 5}),
@@ -60,7 +65,7 @@ class _Rows:
 
 @dataclass
 class Target:
-  issue: int
+  issue: int | None  # None: shown as "-"
   what: str
   goal: str
   measure: Callable[[_Rows], float]
@@ -85,6 +90,73 @@ def _shared(n_dev: int, case: str, variant: str) -> Target:
                 "<= 1.15x", _ratio(f"shared buffers, {n_dev} device(s), {case}",
                                   variant, "sole owner"),
                 "{:.2f}x", lambda v: v <= 1.15)
+
+
+def _ledger_added(title: str) -> Callable[[_Rows], float]:
+  return lambda r: r.median(title, "added by the ledger (median of paired differences)")
+
+
+def _ledger_targets() -> list[Target]:
+  return [Target(None, f"open ledger, added per recorded transfer, {case} (enter + record "
+                 "+ exit; median of paired differences)", "<= 10 us",
+                 _ledger_added(f"ledger on a GDA implicit fetch, {case}"), "{:.2f} us",
+                 lambda v: v <= 10)
+          for case in ("(8, 2), 1 device", "(8, 8), 8 devices")]
+
+
+def _curve(r: _Rows, curve: str, case: str | None = None, variant: str | None = None
+           ) -> dict[int, dict]:
+  """`{x: row}` of one scaling curve's variant (its first non-base one by default)."""
+  rows = [x for x in r.rows if x.get("curve") == curve and (case is None or x["case"] == case)]
+  variant = variant or next(x["variant"] for x in rows if x["variant"] != x["base"])
+  return {x["x"]: x for x in rows if x["variant"] == variant}
+
+
+def _worst(curve: str, variant: str | None = None, case: str | None = None, worst=max):
+  """The worst ratio over a curve's points (max for times, min for throughputs)."""
+  def measure(r: _Rows) -> float:
+    points = _curve(r, curve, case, variant)
+    if not points:
+      raise KeyError(curve)
+    return worst(p["ratio"] for p in points.values())
+  return measure
+
+
+def _growth(r: _Rows) -> float:
+  """Worst, over the dispatch cases, of GDA's time ratio at 1,000 leaves / at 100."""
+  cases = {x["case"] for x in r.rows if x.get("curve") == "dispatch"}
+  if not cases:
+    raise KeyError("dispatch")
+  return max(_curve(r, "dispatch", c)[1000]["ratio"] / _curve(r, "dispatch", c)[100]["ratio"]
+             for c in cases)
+
+
+def _scaling_targets() -> list[Target]:
+  """The scaling curves of benchmarks/bench_scaling.py (tables in the report)."""
+  gda, stock = "GlobalDeviceArray", "jax.Array"
+  cases = [f"flag {f}, {d}" for f in ("off", "on") for d in ("not donated", "donated")]
+  out = [Target(None, f"jit dispatch, 1-1,000 (4, 4) leaves, {c}: GDA / jax.Array, worst "
+                "point", "<= 1.15x", _worst("dispatch", gda, c), "{:.2f}x", lambda v: v <= 1.15)
+         for c in cases]
+  out.append(Target(None, "jit dispatch per-leaf cost flat: GDA/jax.Array ratio at 1,000 "
+                    "leaves / at 100, worst case", "<= 1.10x", _growth, "{:.2f}x",
+                    lambda v: v <= 1.10))
+  out += [Target(None, f"{name}, 1-512 devices, 2 MiB: throughput / "
+                 "make_array_from_callback, worst point", ">= 0.95x",
+                 _worst("construction", f"GlobalDeviceArray.{name}", worst=min), "{:.2f}x",
+                 lambda v: v >= 0.95)
+          for name in ("from_callback", "from_batched_callback")]
+  out.append(Target(None, "layout picture (`_repr_html_`), 512 shards", "< 50 ms",
+                    lambda r: _curve(r, "picture", variant="GlobalDeviceArray._repr_html_")
+                    [512]["median"], "{:.1f} ms", lambda v: v < 50))
+  out += [Target(None, f"implicit fetch / guarded reshard, 1-512 shards: {c}, GDA / "
+                 f"{stock}, worst point (reference)", "-", _worst("transfers", gda, c),
+                 "{:.2f}x", None) for c in ("implicit fetch", "guarded reshard")]
+  out += [Target(None, f"checkpoint {what}, 1 MiB-1 GiB over 8 devices: GDA / stock "
+                 "(same format), worst point", ">= 0.95x",
+                 _worst("checkpoint", case=what, worst=min), "{:.2f}x", lambda v: v >= 0.95)
+          for what in ("save", "restore")]
+  return out
 
 
 _GUARD = "guard check on a GDA implicit fetch"
@@ -179,6 +251,8 @@ TARGETS: list[Target] = [
            lambda r: 100 * (r.median("import time", "import jax; import jax_sharding_ext")
                             / r.median("import time", "import jax") - 1),
            "{:.1f}%", lambda v: v < 10),
+    *_ledger_targets(),
+    *_scaling_targets(),
 ]
 
 
@@ -193,6 +267,30 @@ def _cell(text: object) -> str:
 
 def _number(v: float) -> str:
   return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+
+
+def _scaling_section(path: str, rows: list[dict]) -> list[str]:
+  """The scaling curves: a table each and a plot drawn from these rows.
+
+  The PNGs go to `docs/` for the default report, else to `<report>_plots/`
+  next to the report; the report links them relatively.
+  """
+  if not any(r.get("curve") for r in rows):
+    return []
+  import bench_scaling
+
+  out_dir = os.path.dirname(os.path.abspath(path))
+  if os.path.abspath(path) == DEFAULT_OUTPUT:
+    png_dir = os.path.join(os.path.dirname(HERE), "docs")
+  else:
+    png_dir = os.path.splitext(os.path.abspath(path))[0] + "_plots"
+  try:
+    written = bench_scaling.plot(rows, png_dir)
+  except ImportError as e:  # matplotlib (extra [bench]) missing: tables only
+    print(f"no plots: {e}", file=sys.stderr)
+    written = {}
+  return bench_scaling.markdown(rows, {k: os.path.relpath(v, out_dir)
+                                       for k, v in written.items()})
 
 
 def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: bool,
@@ -229,25 +327,27 @@ def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: boo
       f"- Devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}); "
       f"XLA_FLAGS=`{env['XLA_FLAGS']}`",
       "",
-      "## Targets (issues 3-6, 12, 15 and 20)",
+      "## Targets",
       "",
       "| Issue | Target | Goal | Measured | Status |",
       "|---|---|---|---|---|",
   ]
   for t, measured, status in results:
-    lines.append(f"| {t.issue} | {_cell(t.what)} | {_cell(t.goal)} | {measured} | {status} |")
+    lines.append(f"| {'-' if t.issue is None else t.issue} | {_cell(t.what)} | "
+                 f"{_cell(t.goal)} | {measured} | {status} |")
+  lines += ["", *_scaling_section(path, rows)]
   lines += [
-      "",
       "## All measurements",
       "",
       "Ratio is this variant's median / the base variant's median. Time units "
       "(us, ms): lower is faster. GB/s: higher is faster. MiB: peak live device "
-      "bytes over the run (one run per variant, not a median).",
+      "bytes over the run (one run per variant, not a median). The scaling "
+      "curves' points are in their tables above.",
       "",
       "| Benchmark | Variant | Median | Unit | Ratio | Base |",
       "|---|---|---:|---|---:|---|",
   ]
-  for r in rows:
+  for r in (r for r in rows if not r.get("curve")):
     lines.append(f"| {_cell(r['benchmark'])} | {_cell(r['variant'])} | "
                  f"{_number(r['median'])} | {r['unit']} | {r['ratio']:.2f}x | "
                  f"{_cell(r['base'])} |")
@@ -267,7 +367,7 @@ def main() -> int:
   ap.add_argument("--quick", action="store_true", help="far fewer iterations (smoke run)")
   ap.add_argument("--only", nargs="+", metavar="NAME",
                   help="run only these modules (e.g. bench_dispatch)")
-  ap.add_argument("--output", default=os.path.join(HERE, "RESULTS.md"),
+  ap.add_argument("--output", default=DEFAULT_OUTPUT,
                   help="where to write the markdown report (default: benchmarks/RESULTS.md)")
   args = ap.parse_args()
 
@@ -284,7 +384,10 @@ def main() -> int:
     print(f"\n=== {name} ({', '.join(f'{k}={v}' for k, v in kwargs.items())})", flush=True)
     t0 = time.perf_counter()
     try:
-      rows += importlib.import_module(name).run(**kwargs)
+      module = importlib.import_module(name)
+      rows += module.run(**kwargs)
+      for part, text in getattr(module, "FAILURES", {}).items():  # parts that failed
+        failures[f"{name}: {part}"] = text
     except Exception:  # report it, go on with the others
       failures[name] = traceback.format_exc()
       print(failures[name], file=sys.stderr)
@@ -296,7 +399,8 @@ def main() -> int:
                          seconds=seconds, failures=failures)
   print(f"\n=== targets (written to {os.path.relpath(args.output)})")
   for t, measured, status in results:
-    print(f"  [{status.split(' (')[0]:>12}] issue {t.issue}: {t.what}: {measured} (goal {t.goal})")
+    issue = "" if t.issue is None else f"issue {t.issue}: "
+    print(f"  [{status.split(' (')[0]:>12}] {issue}{t.what}: {measured} (goal {t.goal})")
   print(f"total {sum(seconds.values()):.0f} s")
   return 1 if failures else 0
 

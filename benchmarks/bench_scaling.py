@@ -1,0 +1,691 @@
+"""How the cost grows with leaves, shards and bytes: GlobalDeviceArray against
+`jax.Array`, point by point.
+
+Every point runs both sides in one process, interleaved call by call
+(alternating order), and reports medians. Each curve runs in its own fresh
+subprocess with a hard timeout (one per device count, since the count of
+virtual CPU devices is fixed when JAX starts):
+
+* dispatch: `jax.jit` of a list of 1, 10, 100 and 1,000 (4, 4) float32 leaves
+  on 1 device (the case where per-leaf overhead shows most), the output flag
+  off and on, donating the list or not; the `jax.Array` side is stock (flag
+  off, outputs fed back when donated). A sample is the call plus waiting for
+  its last output (one execution: every output is then ready); the flag is
+  switched outside the clock. Reported per call and per leaf.
+* construction: `from_callback` / `from_batched_callback` against
+  `jax.make_array_from_callback` of a (1024, 512) float32 array (2 MiB),
+  `P('x', 'y')` on meshes 1x1, 4x2, 8x8 and 32x16 (1 to 512 devices); the
+  array is deleted after the clock stops. Throughput (GB/s).
+* shard math and the layout picture, 1 to 512 devices: `get_shard_indices`
+  against `NamedSharding.devices_indices_map` for a new shape each call
+  (nothing cached) and for the same shape; `get_shard_indices_replica_ids`
+  against the (index, replica id) of stock's `jax.Array.global_shards`; the
+  notebook picture `gda._repr_html_()` of a freshly wrapped GDA against
+  stock's text picture `jax.debug.visualize_sharding` (rich, captured).
+* transfers, 1 to 512 shards of a (64, 64) float32 array: the implicit fetch
+  `np.asarray(x)` of a never-fetched array (guard check included), an
+  explicit reshard `jax.device_put(x, P('y', 'x'))` judged by the guard
+  (`jax.transfer_guard("disallow")`, which allows explicit transfers), and a
+  GDA fetch in its own `transfer_ledger()` against one without: the median of
+  paired differences, and the same with the move replaced by a no-op (what
+  the ledger adds, without a fetch's own variation, which grows with shards).
+* checkpoint: `jax_sharding_ext.serialization.run_serialization` /
+  `run_deserialization` of a GDA (the basic calls) against stock
+  `array_serialization` of the same `jax.Array` writing the same format (the
+  package's compressor and chunks, read from the `.zarray` it wrote), random
+  float32 data of 1 MiB to 1 GiB over 8 devices (mesh 4x2), zarr in a
+  temporary directory: each save to a new directory removed after the clock
+  stops, restores from one checkpoint; shards are made on their devices (no
+  whole-array host copy) and freed memory is handed back to the OS between
+  samples. GB/s.
+
+Repetitions (`REPS`) keep the whole run to about four minutes on a 2-core
+machine; `--quick` uses far fewer and skips the 1 GiB checkpoint. Plots:
+`plot(rows, directory)` draws one PNG per curve (matplotlib, Agg) from the
+rows alone.
+
+Run: `.venv/bin/python benchmarks/bench_scaling.py [--quick] [--only CURVE ...]
+[--plots DIR]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import io
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import _common  # first: sets XLA_FLAGS before JAX starts (children set their own)
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_sharding_ext as jse
+from jax_sharding_ext import GlobalDeviceArray, parallel_functions_output_gda
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LEAVES = (1, 10, 100, 1000)
+DEVICES = (1, 8, 64, 512)
+MESHES = {1: (1, 1), 8: (4, 2), 64: (8, 8), 512: (32, 16)}
+CHECKPOINT_MIB = (1, 16, 256, 1024)
+STOCK, GDA = "jax.Array", "GlobalDeviceArray"
+# Full run; `--quick` divides each count by 5 (at least 2-5).
+REPS = {
+    "dispatch": {1: 3000, 10: 2000, 100: 600, 1000: 200},
+    "construction": {1: 300, 8: 300, 64: 150, 512: 40},
+    "shard_math": {1: 400, 8: 400, 64: 200, 512: 40},
+    "picture": {1: 100, 8: 100, 64: 30, 512: 8},
+    "transfers": {1: 600, 8: 400, 64: 150, 512: 40},
+    # a 1 GiB save takes ~35 s here (gzip of random data): one sample
+    "checkpoint save": {1: 15, 16: 9, 256: 3, 1024: 1},
+    "checkpoint restore": {1: 15, 16: 9, 256: 5, 1024: 3},
+}
+TIMEOUT_S = {"dispatch": 300, "devices": 300, "checkpoint": 420}
+
+
+def _reps(curve: str, x: int, quick: bool) -> int:
+  n = REPS[curve][x]
+  return max(n // 5, 5 if n >= 25 else min(n, 2)) if quick else n
+
+
+def _timed(variants: dict, n: int, warmup: int = 3, samples: bool = False) -> dict:
+  """Median seconds of each variant's timed call, interleaved (or, with
+  `samples`, every sample: the i-th of each variant were taken side by side).
+
+  A variant is `(context, prepare, call)`: `prepare()` runs untimed and its
+  result is passed to `call`, which alone is timed, inside `context()`
+  (entered and left outside the clock).
+  """
+  names = list(variants)
+  times: dict[str, list[float]] = {k: [] for k in names}
+  clock = time.perf_counter
+  for i in range(warmup + n):
+    for k in names if i % 2 == 0 else reversed(names):
+      context, prepare, call = variants[k]
+      arg = prepare()
+      with context():
+        t0 = clock()
+        call(arg)
+        dt = clock() - t0
+      del arg
+      if i >= warmup:
+        times[k].append(dt)
+  return times if samples else {k: statistics.median(v) for k, v in times.items()}
+
+
+def _rows(curve: str, case: str, x: int, title: str, medians: dict, base: str,
+          **kw) -> list[dict]:
+  """`_common.report`'s rows, tagged with their curve, case and x for plots."""
+  rows = _common.report(title, medians, base, **kw)
+  for r in rows:
+    r.update(curve=curve, case=case, x=x)
+  return rows
+
+
+def _each(items):
+  """A zero-argument callable returning the next of `items` per call."""
+  it = iter(items)
+  return lambda: next(it)
+
+
+# ---------------------------------------------------------------------------
+# Curves (each runs in a child process).
+# ---------------------------------------------------------------------------
+
+
+def dispatch_curve(quick: bool) -> list[dict]:
+  sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("x", "y")), P())
+  rows = []
+  for leaves, flag_on, donate in itertools.product(LEAVES, (False, True), (False, True)):
+    res = _dispatch_point(sharding, leaves, flag_on, donate, _reps("dispatch", leaves, quick))
+    case = f"flag {'on' if flag_on else 'off'}, {'donated' if donate else 'not donated'}"
+    rows += _rows("dispatch", case, leaves, f"scaling: jit dispatch, {leaves} leaves, {case}",
+                  res, STOCK)
+    print(f"  per leaf: jax.Array {res[STOCK] / leaves * 1e6:.3f} us, "
+          f"GDA {res[GDA] / leaves * 1e6:.3f} us", flush=True)
+  return rows
+
+
+def _dispatch_point(sharding, leaves: int, flag_on: bool, donate: bool, n: int) -> dict:
+  host = [np.full((4, 4), i, np.float32) for i in range(leaves)]
+  f = jax.jit(lambda xs: [x * 2 + 1 for x in xs], donate_argnums=0 if donate else ())
+  mesh = sharding.mesh
+  place = {STOCK: lambda: jax.device_put(host, sharding),
+           GDA: lambda: [GlobalDeviceArray.from_callback(h.shape, mesh, P(), lambda i, h=h: h[i])
+                         for h in host]}
+  state = {side: make() for side, make in place.items()}
+  # Donated with the flag off, outputs are jax.Arrays: then every call donates
+  # freshly placed inputs instead (placed outside the clock), on both sides.
+  fresh = donate and not flag_on
+
+  def call(xs, side):
+    out = f(xs)
+    out[-1].block_until_ready()
+    if donate and not fresh:  # feed the outputs back, as a training loop does
+      state[side] = out
+
+  on = lambda: parallel_functions_output_gda(True)
+  res = _timed({side: (on if flag_on and side == GDA else contextlib.nullcontext,
+                       place[side] if fresh else lambda side=side: state[side],
+                       lambda xs, side=side: call(xs, side))
+                for side in (STOCK, GDA)}, n)
+  if donate and not fresh:  # the same number of steps on both sides: the same values
+    assert all(type(g) is GlobalDeviceArray for g in state[GDA])
+    np.testing.assert_array_equal(np.asarray(state[GDA][-1]), np.asarray(state[STOCK][-1]))
+  return res
+
+
+def _mesh(n_dev: int) -> Mesh:
+  return Mesh(np.array(jax.devices()[:n_dev]).reshape(MESHES[n_dev]), ("x", "y"))
+
+
+def construction_curve(n_dev: int, quick: bool) -> list[dict]:
+  mesh, spec, shape = _mesh(n_dev), P("x", "y"), (1024, 512)
+  sharding = NamedSharding(mesh, spec)
+  host = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+  one = lambda index: host[index]
+  batch = lambda indices: [host[i] for i in indices]
+  fns = {
+      "jax.make_array_from_callback":
+          lambda: jax.make_array_from_callback(shape, sharding, one).block_until_ready(),
+      "GlobalDeviceArray.from_callback":
+          lambda: GlobalDeviceArray.from_callback(shape, mesh, spec, one).block_until_ready(),
+      "GlobalDeviceArray.from_batched_callback": lambda: GlobalDeviceArray.from_batched_callback(
+          shape, mesh, spec, batch).block_until_ready(),
+  }
+  for f in fns.values():  # the same bytes in the same places
+    out = f()
+    assert [s.device for s in out.addressable_shards] == list(mesh.devices.flat)
+    np.testing.assert_array_equal(np.asarray(out), host)
+    out.delete()
+  res = _common.interleaved(fns, n=_reps("construction", n_dev, quick), warmup=5,
+                            teardown=lambda x: x.delete())
+  return _rows("construction", "", n_dev, f"scaling: construction, 2 MiB over {n_dev} devices",
+               {k: host.nbytes / v for k, v in res.items()}, "jax.make_array_from_callback",
+               unit=1e9, unit_name="GB/s")
+
+
+def shard_math_curve(n_dev: int, quick: bool) -> list[dict]:
+  mesh, spec = _mesh(n_dev), P("x", "y")
+  sharding = NamedSharding(mesh, spec)
+  rows_, cols = MESHES[n_dev]
+  n = _reps("shard_math", n_dev, quick)
+  # A new shape per call: neither side has it cached.
+  shapes = [(rows_ * k, cols * 2) for k in range(1, 2 * (n + 10) + 1)]
+  shape = (64, 64)
+  arr = jax.device_put(np.zeros(shape, np.float32), sharding)
+  bounds = lambda index: [sl.indices(d)[:2] for sl, d in zip(index, shape, strict=True)]
+  stock_ids = {s.device: (bounds(s.index), s.replica_id) for s in arr.global_shards}
+  assert stock_ids == {d: (bounds(i), r) for d, (i, r) in
+                       jse.get_shard_indices_replica_ids(shape, mesh, spec).items()}
+  new_a, new_b = _each(shapes[0::2]), _each(shapes[1::2])
+  cases = {
+      "shard indices, new shape each call": {
+          "NamedSharding.devices_indices_map": lambda: sharding.devices_indices_map(new_a()),
+          "get_shard_indices": lambda: jse.get_shard_indices(new_b(), mesh, spec)},
+      "shard indices, same shape": {
+          "NamedSharding.devices_indices_map": lambda: sharding.devices_indices_map(shape),
+          "get_shard_indices": lambda: jse.get_shard_indices(shape, mesh, spec)},
+      "indices and replica ids": {
+          "jax.Array.global_shards": lambda: [(s.index, s.replica_id) for s in arr.global_shards],
+          "get_shard_indices_replica_ids":
+              lambda: jse.get_shard_indices_replica_ids(shape, mesh, spec)},
+  }
+  rows = []
+  for case, fns in cases.items():
+    res = _common.interleaved(fns, n=n, warmup=5)
+    rows += _rows("shard_math", case, n_dev, f"scaling: {case}, {n_dev} devices", res,
+                  next(iter(fns)))
+
+  def picture():
+    return GlobalDeviceArray.from_jax_array(arr)._repr_html_()
+
+  def stock_picture():
+    with contextlib.redirect_stdout(io.StringIO()):
+      jax.debug.visualize_sharding(shape, sharding)
+
+  assert picture().count("class='jse-shard'") == n_dev
+  res = _common.interleaved({"jax.debug.visualize_sharding (text)": stock_picture,
+                             "GlobalDeviceArray._repr_html_": picture},
+                            n=_reps("picture", n_dev, quick), warmup=2)
+  rows += _rows("picture", "", n_dev, f"scaling: layout picture, {n_dev} shards", res,
+                "jax.debug.visualize_sharding (text)", unit=1e-3, unit_name="ms")
+  return rows
+
+
+def transfers_curve(n_dev: int, quick: bool) -> list[dict]:
+  mesh, shape = _mesh(n_dev), (64, 64)
+  n, warmup = _reps("transfers", n_dev, quick), 5
+  make = jax.jit(lambda i: jax.numpy.full(shape, i, np.float32),
+                 out_shardings=NamedSharding(mesh, P("x", "y")))
+
+  def fresh(count, gda):  # never fetched (a jit output carries no host copy)
+    out = [make(i) for i in range(count)]
+    jax.block_until_ready(out)
+    return [GlobalDeviceArray.from_jax_array(a) for a in out] if gda else out
+
+  rows = []
+  count = n + warmup
+  plain, gdas = _each(fresh(count, False)), _each(fresh(count, True))
+  res = _common.interleaved({STOCK: lambda: np.asarray(plain()),
+                             GDA: lambda: np.asarray(gdas())}, n=n, warmup=warmup)
+  rows += _rows("transfers", "implicit fetch", n_dev, f"scaling: implicit fetch, {n_dev} shards",
+                res, STOCK)
+
+  target = NamedSharding(mesh, P("y", "x"))
+  x = make(0)
+  g = GlobalDeviceArray.from_jax_array(make(1))
+  # Explicit transfers are allowed, each one judged. Results are dropped, not
+  # deleted: a shard that stays in place may share its buffer with `x`.
+  with jax.transfer_guard("disallow"):
+    res = _common.interleaved(
+        {STOCK: lambda: jax.device_put(x, target, may_alias=False).block_until_ready(),
+         GDA: lambda: jax.device_put(g, target, may_alias=False).block_until_ready()},
+        n=n, warmup=warmup)
+  rows += _rows("transfers", "guarded reshard", n_dev,
+                f"scaling: guarded reshard, {n_dev} shards", res, STOCK)
+
+  idle, busy = _each(fresh(count, True)), _each(fresh(count, True))
+  records = []
+
+  def in_ledger(_):
+    with jse.transfer_ledger() as ledger:
+      np.asarray(busy())
+    records.append(len(ledger.records))
+
+  # A fetch varies by more than the ledger adds: pair them (median of differences).
+  times = _timed({"GDA fetch, no ledger open": (contextlib.nullcontext, idle, np.asarray),
+                  "GDA fetch in its own ledger": (contextlib.nullcontext, lambda: None,
+                                                  in_ledger)}, n, warmup, samples=True)
+  assert set(records) == {1}
+  res = {k: statistics.median(v) for k, v in times.items()}
+  res[ADDED] = statistics.median(b - a for a, b in zip(*times.values(), strict=True))
+  res[ADDED_EXACT] = _ledger_alone(make(2), max(n, 1000))
+  rows += _rows("ledger", "", n_dev, f"scaling: ledger on a GDA fetch, {n_dev} shards", res,
+                "GDA fetch, no ledger open")
+  return rows
+
+
+ADDED = "added by the ledger (median of paired differences)"
+ADDED_EXACT = "added by the ledger, move excluded"
+
+
+def _ledger_alone(arr, n: int) -> float:
+  """What an open ledger adds to a GDA fetch (enter, record, exit), with the move
+  itself replaced by a no-op, so a fetch's own variation does not hide it."""
+  from jax_sharding_ext import _transfer
+
+  gda, noop = GlobalDeviceArray.from_jax_array(arr), lambda: None
+  inner = gda._arr
+
+  def judge():
+    gda._host_fetched = False  # each call judges (and records) a first fetch
+    _transfer._fetch(gda, inner, noop)
+
+  def judge_in_ledger():
+    with jse.transfer_ledger():
+      judge()
+
+  res = _common.interleaved({"off": judge, "on": judge_in_ledger}, n=n, warmup=50)
+  return res["on"] - res["off"]
+
+
+def checkpoint_curve(mib: int, root: str, quick: bool) -> list[dict]:
+  """One size's save / restore points, in `root` (the parent removes it, also
+  after a timeout). One process per size: each save, stock's as much as the
+  package's, leaves about the array's size of memory behind in the process
+  (tensorstore, jax 0.10.2), so a process that saved 1 GiB a few times holds
+  several GiB."""
+  return _checkpoint_point(root, mib, _reps("checkpoint save", mib, quick),
+                           _reps("checkpoint restore", mib, quick))
+
+
+def _checkpoint_point(root: str, mib: int, n_save: int, n_restore: int) -> list[dict]:
+  from jax.experimental.array_serialization import serialization as stock
+
+  from jax_sharding_ext import serialization
+
+  mesh, spec, cols = _mesh(8), P("x", "y"), 4096
+  sharding = NamedSharding(mesh, spec)
+  shape = (mib * 2 ** 20 // (4 * cols), cols)
+  # Random shards made where they go: no whole-array host copy.
+  gda = GlobalDeviceArray.from_callback(shape, mesh, spec, lambda i: np.random.default_rng(
+      i[0].start).random(sharding.shard_shape(shape), dtype=np.float32))
+  arr, nbytes = gda.to_jax_array(), gda.nbytes
+  paths = (os.path.join(root, f"{mib}-{i}") for i in itertools.count())
+  written = next(paths)  # the checkpoint both sides restore
+  serialization.run_serialization([gda], [serialization.get_tensorstore_spec(written)])
+  # Stock writes the same format as the package (compressor, chunks): read it back.
+  zarray = os.path.join(written, ".zarray")
+  same = {}
+  if os.path.exists(zarray):
+    with open(zarray) as f:
+      meta = json.load(f)
+    same = {"compressor": meta["compressor"], "chunks": meta["chunks"], "shape": list(shape)}
+
+  def save(ours: bool) -> str:
+    p = next(paths)
+    if ours:
+      serialization.run_serialization([gda], [serialization.get_tensorstore_spec(p)])
+    else:
+      tspec = stock.get_tensorstore_spec(p)
+      if same:
+        tspec["metadata"] = dict(same)
+      stock.run_serialization([arr], [tspec])
+    return p
+
+  def load(ours: bool):
+    if ours:
+      tspec = serialization.get_tensorstore_spec(written)
+      return serialization.run_deserialization([mesh], [spec], [tspec])[0].block_until_ready()
+    tspec = stock.get_tensorstore_spec(written)
+    return stock.run_deserialization([sharding], [tspec])[0].block_until_ready()
+
+  for ours in (True, False):  # the same bytes come back either way
+    back = load(ours)
+    for a, b in zip(back.addressable_shards, arr.addressable_shards, strict=True):
+      np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+    back.delete()
+  stock_save = "stock run_serialization" + (", same format" if same else "")
+
+  def done(x) -> None:
+    if isinstance(x, str):
+      shutil.rmtree(x)
+    else:
+      x.delete()
+    _release_memory()
+
+  saves = _common.interleaved({"serialization.run_serialization (GDA)": lambda: save(True),
+                               stock_save: lambda: save(False)},
+                              n=n_save, warmup=int(n_save > 2), teardown=done)
+  loads = _common.interleaved({"serialization.run_deserialization (GDA)": lambda: load(True),
+                               "stock run_deserialization": lambda: load(False)},
+                              n=n_restore, warmup=int(n_restore > 2), teardown=done)
+  shutil.rmtree(written)
+  gda.delete()
+  rows = []
+  for what, res in (("save", saves), ("restore", loads)):
+    rows += _rows("checkpoint", what, mib, f"scaling: checkpoint {what}, {mib} MiB over 8 devices",
+                  {k: nbytes / v for k, v in res.items()}, list(res)[1], unit=1e9,
+                  unit_name="GB/s")
+  return rows
+
+
+def _release_memory() -> None:
+  """Give memory that tensorstore's threads freed back to the OS (glibc keeps it in
+  per-thread arenas), between samples and outside the clock, so that repeated
+  1 GiB saves do not pile up several GiB of retained heap."""
+  gc.collect()
+  try:
+    ctypes.CDLL(None).malloc_trim(0)
+  except (OSError, AttributeError):  # not glibc
+    pass
+
+
+# ---------------------------------------------------------------------------
+# Driver: one child process per curve / device count, with a hard timeout.
+# ---------------------------------------------------------------------------
+
+
+def _child(argv: list[str]) -> list[dict]:
+  what, quick = argv[0], "--quick" in argv
+  if what == "dispatch":
+    return dispatch_curve(quick)
+  if what == "checkpoint":
+    return checkpoint_curve(int(argv[1]), argv[2], quick)
+  n_dev = int(argv[1])
+  rows = construction_curve(n_dev, quick)
+  rows += shard_math_curve(n_dev, quick)
+  return rows + transfers_curve(n_dev, quick)
+
+
+def _spawn(args: list[str], n_dev: int, timeout: float) -> list[dict]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={n_dev}")
+  cmd = [sys.executable, os.path.abspath(__file__), "--child", *args]
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                        check=True)
+  out, _, result = proc.stdout.rpartition("RESULT ")
+  print(out.rstrip(), flush=True)
+  return json.loads(result)
+
+
+FAILURES: dict[str, str] = {}
+"""The curves that failed in the last `run()` (e.g. a timeout), with the child's stderr."""
+
+
+def run(quick: bool = False, only: tuple[str, ...] = ()) -> list[dict]:
+  """Every curve (or those in `only`: dispatch, devices, checkpoint); rows."""
+  jobs = [("dispatch", ["dispatch"], 1)]
+  jobs += [(f"devices {n}", ["devices", str(n)], n) for n in DEVICES]
+  jobs += [(f"checkpoint {mib} MiB", ["checkpoint", str(mib)], 8)
+           for mib in (CHECKPOINT_MIB[:-1] if quick else CHECKPOINT_MIB)]
+  rows = []
+  FAILURES.clear()
+  for name, args, n_dev in jobs:
+    kind = name.split()[0]
+    if only and kind not in only:
+      continue
+    print(f"\n--- scaling: {name}", flush=True)
+    t0 = time.perf_counter()
+    # A temporary directory for the child, removed here even when the child is
+    # killed at its timeout.
+    tmp = tempfile.mkdtemp(prefix="bench_scaling_")
+    try:
+      rows += _spawn(args + ([tmp] if kind == "checkpoint" else [])
+                     + (["--quick"] if quick else []), n_dev, TIMEOUT_S[kind])
+    except (subprocess.SubprocessError, ValueError) as e:  # go on with the others
+      err = getattr(e, "stderr", None) or ""
+      err = err.decode() if isinstance(err, bytes) else err
+      FAILURES[name] = f"{e}\n" + "\n".join(err.splitlines()[-30:])
+      print(f"  FAILED: {FAILURES[name]}", file=sys.stderr, flush=True)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+    print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+  return rows
+
+
+# ---------------------------------------------------------------------------
+# Tables and plots, from the rows alone.
+# ---------------------------------------------------------------------------
+
+
+def _points(rows: list[dict], curve: str, case: str | None = None) -> dict[str, dict]:
+  """`{variant: {x: row}}` of one curve (and case), variants in their order."""
+  out: dict[str, dict] = {}
+  for r in rows:
+    if r.get("curve") == curve and (case is None or r["case"] == case):
+      out.setdefault(r["variant"], {})[r["x"]] = r
+  return out
+
+
+def _cases(rows: list[dict], curve: str) -> list[str]:
+  return list(dict.fromkeys(r["case"] for r in rows if r.get("curve") == curve))
+
+
+# name: (title, x label, panels); a panel: (curve, y label, value, per x, variants (None:
+# all; "gda": all but the base), target line, log y)
+_FIGURES = {
+    "dispatch": ("jit dispatch of a list of (4, 4) float32 leaves, 1 device", "leaves", [
+        ("dispatch", "us per leaf", "median", True, None, None, False),
+        ("dispatch", "time, GDA / jax.Array", "ratio", False, "gda", (1.15, "target <= 1.15x"),
+         False)]),
+    "construction": ("construction of a 2 MiB float32 array, P('x', 'y')", "devices", [
+        ("construction", "GB/s", "median", False, None, None, False),
+        ("construction", "throughput, GDA / stock", "ratio", False, "gda",
+         (0.95, "target >= 0.95x"), False)]),
+    "shard_math": ("shard math and the layout picture", "devices", [
+        ("shard_math", "us per call", "median", False, None, None, True),
+        ("picture", "layout picture, ms", "median", False, None, (50, "target < 50 ms"), True)]),
+    "transfers": ("transfers of a (64, 64) float32 array, by shards", "shards", [
+        ("transfers", "us per call", "median", False, None, None, True),
+        ("ledger", "open ledger, us added per recorded fetch", "median", False,
+         ("added by the ledger (median of paired differences)",
+          "added by the ledger, move excluded"), (10, "target <= 10 us"), False)]),
+    "checkpoint": ("checkpoint save / restore, float32 over 8 devices", "MiB", [
+        ("checkpoint", "GB/s", "median", False, None, None, True),
+        ("checkpoint", "throughput, GDA / stock", "ratio", False, "gda",
+         (0.95, "target >= 0.95x"), False)]),
+}
+
+
+def _series(rows: list[dict], curve: str, value: str, per_x: bool, variants
+            ) -> list[tuple[str, list, str]]:
+  """(label, points, line style) per (case, variant): a colour per case (or per
+  variant when there is one case), the base variant dashed."""
+  out = []
+  cases = _cases(rows, curve)
+  for i, case in enumerate(cases):
+    for j, (variant, pts) in enumerate(_points(rows, curve, case).items()):
+      base = next(iter(pts.values()))["base"]
+      if (variants == "gda" and variant == base) or (
+          isinstance(variants, tuple) and variant not in variants):
+        continue
+      line = sorted((x, r[value] / (x if per_x else 1)) for x, r in pts.items())
+      label = f"{variant}, {case}" if case else variant
+      out.append((label, line, f"C{i if len(cases) > 1 else j}" + "-" * (1 + (variant == base))))
+  return out
+
+
+def plot(rows: list[dict], directory: str) -> dict[str, str]:
+  """Draw one PNG per curve into `directory`; return `{name: path}`."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  os.makedirs(directory, exist_ok=True)
+  written = {}
+  for name, (title, xlabel, panels) in _FIGURES.items():
+    if not any(r.get("curve") == panels[0][0] for r in rows):
+      continue
+    fig, axes = plt.subplots(1, len(panels), figsize=(13, 4.6))
+    for ax, (curve, ylabel, value, per_x, variants, target, logy) in zip(axes, panels,
+                                                                         strict=True):
+      series = _series(rows, curve, value, per_x, variants)
+      xs = sorted({x for _, pts, _ in series for x, _ in pts})
+      for label, pts, style in series:
+        if pts:
+          ax.plot(*zip(*pts, strict=True), style, marker="o", markersize=3, label=label)
+      if target:
+        ax.axhline(target[0], color="grey", linestyle=":", linewidth=1.2, label=target[1])
+      if value == "ratio":  # where stock is
+        ax.axhline(1.0, color="black", linewidth=0.6, alpha=0.6, label="stock (1.0x)")
+      ax.set_xscale("log")
+      ax.set_xticks(xs, [f"{x:,}" for x in xs])
+      ax.minorticks_off()
+      if logy:
+        ax.set_yscale("log")
+      ax.set(xlabel=xlabel, ylabel=ylabel)
+      ax.grid(alpha=0.3)
+      ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    written[name] = os.path.join(directory, f"scaling_{name}.png")
+    fig.savefig(written[name], dpi=90)
+    plt.close(fig)
+  return written
+
+
+def _num(v: float) -> str:
+  return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+
+
+def _table(rows: list[dict], curve: str, xname: str, per: str = "", ratios: bool = True
+           ) -> list[str]:
+  """Markdown: one row per (case, x) with each variant's median (and per `per`
+  unit of x), then each ratio to the base; a new table where the variants change."""
+  lines: list[str] = []
+  header = None
+  for case in _cases(rows, curve):
+    pts = _points(rows, curve, case)
+    names = list(pts)
+    first = next(iter(pts[names[0]].values()))
+    base, unit = first["base"], first["unit"]
+    others = [k for k in names if k != base] if ratios else []
+    head = ([xname] + (["case"] if case else []) + [f"{k} ({unit})" for k in names]
+            + [f"{k} ({unit} per {per})" for k in names if per]
+            + [f"{k} / {base}" for k in others])
+    if head != header:
+      lines += ([""] if lines else []) + [_md_row(head), "|" + "---|" * len(head)]
+      header = head
+    for x in sorted(pts[names[0]]):
+      cells = [f"{x:,}"] + ([case] if case else [])
+      cells += [_num(pts[k][x]["median"]) if x in pts[k] else "-" for k in names]
+      cells += [_num(pts[k][x]["median"] / x) if x in pts[k] else "-" for k in names if per]
+      cells += [f"{pts[k][x]['ratio']:.2f}x" if x in pts[k] else "-" for k in others]
+      lines.append(_md_row(cells))
+  return lines
+
+
+def _md_row(cells: list[str]) -> str:
+  return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+# (curve, heading, x name, per-x unit, what a ratio means (None: no ratios), plot after it)
+_SECTIONS = [
+    ("dispatch", "jit dispatch by leaves (1 device)", "leaves", "leaf", "time", "dispatch"),
+    ("construction", "construction by devices", "devices", "", "throughput", "construction"),
+    ("shard_math", "shard math by devices", "devices", "", "time", None),
+    ("picture", "layout picture by shards", "shards", "", "time", "shard_math"),
+    ("transfers", "transfers by shards", "shards", "", "time", None),
+    ("ledger", "open ledger by shards (target: at most 10 us added)", "shards", "", None,
+     "transfers"),
+    ("checkpoint", "checkpoint by size (8 devices)", "MiB", "", "throughput", "checkpoint"),
+]
+
+
+def markdown(rows: list[dict], images: dict[str, str]) -> list[str]:
+  """The scaling section of RESULTS.md: per curve a table, then its plot.
+
+  `images` maps a plot's name to its PNG path as the report should link it.
+  """
+  if not any(r.get("curve") for r in rows):
+    return []
+  about = __doc__.split("\n\n", 1)[1].split("\n\nRepetitions")[0].strip()
+  reps = "; ".join(f"{c}: " + ", ".join(f"{x:,}: {n}" for x, n in r.items())
+                   for c, r in REPS.items())
+  lines = ["## Scaling", "", about, "",
+           f"Repetitions per point (full run, per variant): {reps}. Chosen so that "
+           "`make bench` stays well under ten minutes on a 2-core machine (wall times "
+           "below); a 1 GiB save is one sample (about 10-40 s each, gzip of random data).",
+           ""]
+  for curve, heading, xname, per, ratio, image in _SECTIONS:
+    table = _table(rows, curve, xname, per, ratio is not None)
+    if table:
+      better = "lower is faster" if ratio == "time" else "higher is faster"
+      note = [f"Ratios are {ratio} ratios: {better}.", ""] if ratio else []
+      lines += [f"### {heading[0].upper()}{heading[1:]}", "", *note, *table, ""]
+    if image in images:
+      lines += [f"![{image} curves]({images[image]})", ""]
+  return lines
+
+
+def main() -> None:
+  if sys.argv[1:2] == ["--child"]:
+    print("RESULT " + json.dumps(_child(sys.argv[2:])))
+    return
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--quick", action="store_true", help="far fewer repetitions (smoke run)")
+  ap.add_argument("--only", nargs="+", default=(), choices=("dispatch", "devices", "checkpoint"))
+  ap.add_argument("--plots", default=None, help="draw the PNGs into this directory")
+  args = ap.parse_args()
+  _common.print_environment()
+  rows = run(quick=args.quick, only=tuple(args.only))
+  if args.plots:
+    for path in plot(rows, args.plots).values():
+      print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
