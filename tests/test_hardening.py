@@ -1,7 +1,7 @@
 """Odd but legal programs and bad input: never a crash, a hang or a wrong value.
 
 Each test names the stock JAX behaviour it matches for a plain `jax.Array`
-(checked in the same venv), or DESIGN's "Settled details" where stock has
+(checked in the same venv), or the package's own rule where stock has
 none.
 """
 
@@ -199,7 +199,7 @@ def test_operators_give_what_jax_array_gives(mesh_2d):
 
 
 def test_equality_keeps_the_gda_error(mesh_2d):
-  """Seed 003: GDA equality is intentionally unimplemented."""
+  """GDA equality is intentionally unimplemented, as in the GDA era."""
   g = _gda(mesh_2d)
   for op in (operator.eq, operator.ne):
     with pytest.raises(NotImplementedError, match="intentionally unimplemented"):
@@ -254,7 +254,7 @@ def test_host_conversions_go_through_the_guard_and_ledger(mesh_2d):
 
 def test_deleted_gda_displays_as_deleted(mesh_2d):
   """Stock `repr` of a deleted `jax.Array` raises; a notebook must still
-  display a donated GDA (DESIGN, settled)."""
+  display a donated GDA."""
   g = _gda(mesh_2d)
   g.delete()
   assert str(g) == "GlobalDeviceArray(shape=(8, 2), dtype=float32, deleted=True)"
@@ -346,7 +346,7 @@ def test_typed_key_buffers_are_refused(mesh_2d):
 
 
 def test_gda_era_error_texts(mesh_2d):
-  """GDA-era tests match these (seed 003 and the old shard math)."""
+  """GDA-era tests match these (the old GDA module and its shard math)."""
   shards = _gda(mesh_2d).local_shards
   with pytest.raises(ValueError, match=r"^The `global_mesh.local_devices` and "
                      r"`device_buffers` device order doesn't match"):

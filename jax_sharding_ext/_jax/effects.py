@@ -30,7 +30,7 @@ import jax
 # `LoweringRuleEntry(rule, inline)`), `callback.emit_python_callback` and
 # `callback._callback_op_sharding` have the same shape in jax 0.10.2 and
 # 0.12.x. There is no public API for any of this: JAX only declares its own
-# `OrderedIOEffect` shardable (seed 002, jax 0.4.17).
+# `OrderedIOEffect` shardable (jax 0.4.17).
 # ---------------------------------------------------------------------------
 import numpy as _fx_np
 from jax._src import callback as _fx_callback

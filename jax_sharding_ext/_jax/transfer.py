@@ -37,8 +37,8 @@ from jax._src.lib import guard_lib as _guard_lib
 #   fetched through the host and judged "host_to_device"; `from_callback`
 #   placement is not inside `explicit_device_put_scope`, so jaxlib judges it
 #   implicit) and log it a second time.
-# * The CPU rule for device_to_host (seed 000: fetching a buffer on a CPU
-#   device is always allowed). jax 0.10.2 fetches shard by shard
+# * The CPU rule for device_to_host (fetching a buffer on a CPU device is
+#   always allowed). jax 0.10.2 fetches shard by shard
 #   (`_single_device_array_to_np_array_did_copy`), and jaxlib skips the guard
 #   for a CPU buffer there. jax 0.12 (jaxlib extension >= 495 with IFRT >= 71,
 #   the gate in `ArrayImpl._value` / `copy_to_host_async`) fetches a
