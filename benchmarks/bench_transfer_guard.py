@@ -29,9 +29,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
-from jax_sharding_ext import _ledger, _transfer
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import transfer as jax_transfer
+from jax_sharding_ext._transfers import ledger as _ledger
+from jax_sharding_ext._transfers import moves as _transfer
 
 
 def _fresh_arrays(mesh, shape, count):

@@ -13,29 +13,29 @@ from jax.sharding import PartitionSpec as PartitionSpec
 
 from jax_sharding_ext import global_device_array as global_device_array
 from jax_sharding_ext import multihost_utils as multihost_utils
-from jax_sharding_ext._barrier import effects_barrier as effects_barrier
-from jax_sharding_ext._donation import donation_vector as donation_vector
-from jax_sharding_ext._donation import rebase_donate_argnums as rebase_donate_argnums
-from jax_sharding_ext._effects import sharded_callback as sharded_callback
-from jax_sharding_ext._gda import FROM_GDA as FROM_GDA
-from jax_sharding_ext._gda import GlobalDeviceArray as GlobalDeviceArray
-from jax_sharding_ext._gda import Shard as Shard
-from jax_sharding_ext._ledger import TransferRecord as TransferRecord
-from jax_sharding_ext._ledger import transfer_ledger as transfer_ledger
-from jax_sharding_ext._output import (
-  parallel_functions_output_gda as parallel_functions_output_gda,
-)
-from jax_sharding_ext._pjit import pjit as pjit
-from jax_sharding_ext._registry import install as install
-from jax_sharding_ext._registry import is_installed as is_installed
-from jax_sharding_ext._registry import uninstall as uninstall
-from jax_sharding_ext._shard_math import get_shard_indices as get_shard_indices
-from jax_sharding_ext._shard_math import (
+from jax_sharding_ext._array.gda import FROM_GDA as FROM_GDA
+from jax_sharding_ext._array.gda import GlobalDeviceArray as GlobalDeviceArray
+from jax_sharding_ext._array.gda import Shard as Shard
+from jax_sharding_ext._array.shard_math import get_shard_indices as get_shard_indices
+from jax_sharding_ext._array.shard_math import (
   get_shard_indices_replica_ids as get_shard_indices_replica_ids,
 )
-from jax_sharding_ext._shard_math import get_shard_shape as get_shard_shape
-from jax_sharding_ext._user_effects import declare_effect as declare_effect
-from jax_sharding_ext._user_effects import mark_shardable as mark_shardable
+from jax_sharding_ext._array.shard_math import get_shard_shape as get_shard_shape
+from jax_sharding_ext._dispatch.donation import donation_vector as donation_vector
+from jax_sharding_ext._dispatch.donation import rebase_donate_argnums as rebase_donate_argnums
+from jax_sharding_ext._dispatch.output import (
+  parallel_functions_output_gda as parallel_functions_output_gda,
+)
+from jax_sharding_ext._effects.barrier import effects_barrier as effects_barrier
+from jax_sharding_ext._effects.lowering import sharded_callback as sharded_callback
+from jax_sharding_ext._effects.user_effects import declare_effect as declare_effect
+from jax_sharding_ext._effects.user_effects import mark_shardable as mark_shardable
+from jax_sharding_ext._install import install as install
+from jax_sharding_ext._install import is_installed as is_installed
+from jax_sharding_ext._install import uninstall as uninstall
+from jax_sharding_ext._pjit.api import pjit as pjit
+from jax_sharding_ext._transfers.ledger import TransferRecord as TransferRecord
+from jax_sharding_ext._transfers.ledger import transfer_ledger as transfer_ledger
 from jax_sharding_ext._version import __version__ as __version__
 from jax_sharding_ext._version import __version_info__ as __version_info__
 from jax_sharding_ext.multihost_utils import (

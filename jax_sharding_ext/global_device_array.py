@@ -20,8 +20,8 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from jax_sharding_ext._gda import GlobalDeviceArray, Shard
-from jax_sharding_ext._shard_math import (
+from jax_sharding_ext._array.gda import GlobalDeviceArray, Shard
+from jax_sharding_ext._array.shard_math import (
   Index,
   Shape,
   get_shard_indices,

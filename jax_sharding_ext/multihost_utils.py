@@ -35,7 +35,7 @@ import numpy as np
 from jax.experimental import multihost_utils as _stock
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_sharding_ext._gda import GlobalDeviceArray
+from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 # Stock names that take no array data: the same objects.

@@ -43,8 +43,8 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jax_sharding_ext._gda import GdaShape, GlobalDeviceArray
-from jax_sharding_ext._shard_math import (
+from jax_sharding_ext._array.gda import GdaShape, GlobalDeviceArray
+from jax_sharding_ext._array.shard_math import (
   canonical_mesh_axes,
   layout,
   normalize_mesh_axes,

@@ -85,11 +85,11 @@ from jax.experimental.array_serialization import serialization as _stock
 from jax.experimental.array_serialization import tensorstore_impl as _ts_impl
 from jax.sharding import Mesh, NamedSharding
 
-from jax_sharding_ext import _checkpoint as _ck
-from jax_sharding_ext import _checkpoint_args as _args
-from jax_sharding_ext._gda import GlobalDeviceArray
+from jax_sharding_ext._array.gda import GlobalDeviceArray
+from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, canonical_shape, layout
+from jax_sharding_ext._checkpoint import args as _args
+from jax_sharding_ext._checkpoint import metadata as _ck
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
-from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, canonical_shape, layout
 
 __all__ = [
     "COMMIT_MARKER",

@@ -320,7 +320,7 @@ def test_reusing_a_donated_gda_on_the_warm_fast_path_raises(mesh_2d):
 
 
 def test_donated_loop_keeps_the_fast_path(mesh_2d, monkeypatch):
-  from jax_sharding_ext import _transfer
+  from jax_sharding_ext._transfers import moves as _transfer
   python_path = []
   real = _transfer.shard_args
   monkeypatch.setattr(_transfer, "shard_args",

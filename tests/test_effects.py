@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
-from jax_sharding_ext import _barrier
+from jax_sharding_ext._effects import barrier as _barrier
 from jax_sharding_ext._jax import effects as jax_effects
 from jax_sharding_ext._jax import frames as jax_frames
 

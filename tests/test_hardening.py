@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 import jax_sharding_ext as jse
 from jax_sharding_ext import GlobalDeviceArray as GDA
 from jax_sharding_ext import get_shard_indices, get_shard_shape
-from jax_sharding_ext._surface import HOST_METHODS, PUBLIC_METHODS
+from jax_sharding_ext._array.surface import HOST_METHODS, PUBLIC_METHODS
 
 DATA = np.arange(16, dtype=np.float32).reshape(8, 2)
 

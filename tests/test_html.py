@@ -99,7 +99,7 @@ def test_512_shards_render(devices):
   assert len(_parse(gda).boxes) == 8
   # Many shards: from_callback over 8 devices cannot give 512, so build the
   # picture of a 512-way sharding through a fake GDA with the same surface.
-  from jax_sharding_ext import _html
+  from jax_sharding_ext._notebook import html as _html
 
   class Fake:
     shape = (512, 4)
@@ -176,7 +176,7 @@ def test_zero_size_dimension_draws_boxes_side_by_side(mesh_2d, shape, along):
 def test_zero_size_dimension_with_many_shards(devices):
   """512 devices, shape (0, 32) split 16 x 32: 32 boxes across, one per column
   index, each 1/32 of the picture's width."""
-  from jax_sharding_ext import _html
+  from jax_sharding_ext._notebook import html as _html
 
   class Fake:
     shape = (0, 32)

@@ -125,7 +125,8 @@ def test_ipython_hook_registers_once_obeys_the_flag_and_uninstalls():
       shell = InteractiveShell.instance()
       import jax
       import jax_sharding_ext as jse
-      from jax_sharding_ext import _barrier, _notebook
+      from jax_sharding_ext._effects import barrier as _barrier
+      from jax_sharding_ext._notebook import cell_hook as _notebook
       hooks = lambda: [f for f in shell.events.callbacks["post_run_cell"]
                        if f is _notebook._end_of_cell]
       assert len(hooks()) == 1

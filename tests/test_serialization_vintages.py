@@ -24,7 +24,8 @@ from jax.experimental.array_serialization import tensorstore_impl as stock_impl
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_sharding_ext import GlobalDeviceArray, _checkpoint_args, serialization
+from jax_sharding_ext import GlobalDeviceArray, serialization
+from jax_sharding_ext._checkpoint import args as _checkpoint_args
 
 
 def _gda(mesh, spec, shape=(8, 4), dtype=np.float32, offset=0):

@@ -36,9 +36,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
-from jax_sharding_ext import _ipython, _ledger, _transfer
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import transfer as jax_transfer
+from jax_sharding_ext._notebook import ipython as _ipython
+from jax_sharding_ext._transfers import ledger as _ledger
+from jax_sharding_ext._transfers import moves as _transfer
 
 GDA = jse.GlobalDeviceArray
 HERE = os.path.relpath(__file__)  # sites read relative to the working directory

@@ -33,12 +33,13 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_sharding_ext._donation import parse_argnums, rebase_donate_argnums
-from jax_sharding_ext._gda import GlobalDeviceArray
-from jax_sharding_ext._gda_base import _FromGda
+from jax_sharding_ext._array.gda import GlobalDeviceArray
+from jax_sharding_ext._array.records import _FromGda
+from jax_sharding_ext._array.shard_math import old_spec_repr
+from jax_sharding_ext._dispatch.donation import parse_argnums, rebase_donate_argnums
 from jax_sharding_ext._jax import donation as jax_donation
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
-from jax_sharding_ext._pjit_args import (
+from jax_sharding_ext._pjit.resolve import (
   _UNSPECIFIED,
   _argnames_tuple,
   _check_leaves,
@@ -50,7 +51,6 @@ from jax_sharding_ext._pjit_args import (
   _signature_info,
   _to_sharding,
 )
-from jax_sharding_ext._shard_math import old_spec_repr
 
 _CACHE_SIZE = 64
 """jax.jit objects kept per `pjit` function (one per distinct resolution)."""

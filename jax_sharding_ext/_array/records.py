@@ -11,8 +11,8 @@ from typing import Any
 
 import jax
 
+from jax_sharding_ext._array.shard_math import Index
 from jax_sharding_ext._jax import tables as jax_tables
-from jax_sharding_ext._shard_math import Index
 
 
 class _Sentinel:

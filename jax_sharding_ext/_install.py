@@ -31,11 +31,16 @@ import time
 
 import jax
 
-from jax_sharding_ext import _donation, _effects, _gda, _notebook, _output, _transfer
+from jax_sharding_ext._array import gda as _gda
+from jax_sharding_ext._dispatch import donation as _donation
+from jax_sharding_ext._dispatch import output as _output
+from jax_sharding_ext._effects import lowering as _effects
 from jax_sharding_ext._jax import dispatch as jax_dispatch
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
+from jax_sharding_ext._notebook import cell_hook as _notebook
+from jax_sharding_ext._transfers import moves as _transfer
 
 _lock = threading.RLock()
 _edits: list | None = None

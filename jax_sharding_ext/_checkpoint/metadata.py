@@ -28,7 +28,7 @@ import tensorstore as ts
 from jax.experimental.array_serialization import serialization as _stock
 from jax.experimental.array_serialization import tensorstore_impl as _ts_impl
 
-from jax_sharding_ext._gda import GlobalDeviceArray
+from jax_sharding_ext._array.gda import GlobalDeviceArray
 
 TS_CONTEXT = _stock.TS_CONTEXT
 spec_has_metadata = _ts_impl._spec_has_metadata

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import sys
 
-from jax_sharding_ext import _barrier, _ipython
+from jax_sharding_ext._effects import barrier as _barrier
 from jax_sharding_ext._jax import config as jax_config
+from jax_sharding_ext._notebook import ipython as _ipython
 
 FLAG_NAME = "jax_sharding_ext_cell_effects_barrier"
 

@@ -71,7 +71,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from jax_sharding_ext import _barrier, _user_effects
+from jax_sharding_ext._effects import barrier as _barrier
+from jax_sharding_ext._effects import user_effects as _user_effects
 from jax_sharding_ext._jax import effects as jax_effects
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables

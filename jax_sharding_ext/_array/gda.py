@@ -38,8 +38,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from jax_sharding_ext import _donation, _transfer
-from jax_sharding_ext._gda_base import (  # noqa: F401 - FROM_GDA and Shard are public here too
+from jax_sharding_ext._array.records import (  # noqa: F401 - FROM_GDA and Shard are public here too
   _FROM_SHARDING,
   FROM_GDA,
   GdaShape,
@@ -48,10 +47,12 @@ from jax_sharding_ext._gda_base import (  # noqa: F401 - FROM_GDA and Shard are 
   _device_of,
   _extended_dtype_error,
 )
+from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, layout, old_spec_repr
+from jax_sharding_ext._array.surface import _ArraySurface
+from jax_sharding_ext._dispatch import donation as _donation
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
-from jax_sharding_ext._shard_math import Index, MeshAxes, Shape, layout, old_spec_repr
-from jax_sharding_ext._surface import _ArraySurface
+from jax_sharding_ext._transfers import moves as _transfer
 
 
 class GlobalDeviceArray(_ArraySurface, jax.Array):
@@ -492,11 +493,11 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     return (_unpickle, (value, ids, tuple(mesh.axis_names), self.mesh_axes))
 
   def _repr_html_(self) -> str:
-    from jax_sharding_ext._html import gda_html
+    from jax_sharding_ext._notebook.html import gda_html
     return gda_html(self)
 
   def __treescope_ndarray_adapter__(self):
-    from jax_sharding_ext._treescope import adapter
+    from jax_sharding_ext._notebook.treescope import adapter
     return adapter()
 
 

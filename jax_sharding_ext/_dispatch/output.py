@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from jax.sharding import NamedSharding
 
-from jax_sharding_ext._gda import GlobalDeviceArray
+from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._jax import config as jax_config
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables

@@ -11,9 +11,9 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from jax_sharding_ext._donation import rebase_donate_argnums
-from jax_sharding_ext._gda import GlobalDeviceArray
-from jax_sharding_ext._gda_base import FROM_GDA, _FromGda, _Sentinel
+from jax_sharding_ext._array.gda import GlobalDeviceArray
+from jax_sharding_ext._array.records import FROM_GDA, _FromGda, _Sentinel
+from jax_sharding_ext._dispatch.donation import rebase_donate_argnums
 
 
 class _Unspecified(_Sentinel):

@@ -66,10 +66,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_sharding_ext import _donation, _ledger
+from jax_sharding_ext._dispatch import donation as _donation
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import transfer as jax_transfer
+from jax_sharding_ext._transfers import ledger as _ledger
 
 logger = logging.getLogger("jax_sharding_ext")
 """Where "log" guard levels report GDA transfers (level WARNING)."""

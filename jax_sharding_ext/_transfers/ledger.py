@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from jax_sharding_ext import _ipython
 from jax_sharding_ext._jax.frames import CallSite
+from jax_sharding_ext._notebook import ipython as _ipython
 
 _DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
 
