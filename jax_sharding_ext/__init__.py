@@ -13,9 +13,9 @@ from jax.sharding import PartitionSpec as PartitionSpec
 
 from jax_sharding_ext import global_device_array as global_device_array
 from jax_sharding_ext import multihost_utils as multihost_utils
-from jax_sharding_ext._array.gda import FROM_GDA as FROM_GDA
 from jax_sharding_ext._array.gda import GlobalDeviceArray as GlobalDeviceArray
 from jax_sharding_ext._array.gda import Shard as Shard
+from jax_sharding_ext._array.records import FROM_GDA as FROM_GDA
 from jax_sharding_ext._array.shard_math import get_shard_indices as get_shard_indices
 from jax_sharding_ext._array.shard_math import (
   get_shard_indices_replica_ids as get_shard_indices_replica_ids,
@@ -27,7 +27,7 @@ from jax_sharding_ext._dispatch.output import (
   parallel_functions_output_gda as parallel_functions_output_gda,
 )
 from jax_sharding_ext._effects.barrier import effects_barrier as effects_barrier
-from jax_sharding_ext._effects.lowering import sharded_callback as sharded_callback
+from jax_sharding_ext._effects.sharded_callback import sharded_callback as sharded_callback
 from jax_sharding_ext._effects.user_effects import declare_effect as declare_effect
 from jax_sharding_ext._effects.user_effects import mark_shardable as mark_shardable
 from jax_sharding_ext._install import install as install

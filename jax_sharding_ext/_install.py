@@ -1,12 +1,12 @@
-"""`install()` / `uninstall()`: every edit this package makes to JAX's tables.
+"""`install()` / `uninstall()`: apply and revert every capability's edits.
 
 `import jax_sharding_ext` calls `install()`. Installing is idempotent (a second
-call changes nothing) and reversible: each edit remembers the entry it
-replaced, and `uninstall()` puts back exactly the prior contents, in reverse
-order. Two things JAX cannot undo stay after `uninstall()`, inert: the
-`jax_parallel_functions_output_gda` config option (no handler reads it any
-more), and the C++ canonicalisation entry for `GlobalDeviceArray` (it switches
-to raising stock JAX's "not a valid JAX type" error).
+call changes nothing) and reversible: each edit (`_edit.Edit`) remembers the
+entry it replaced, and `uninstall()` puts back exactly the prior contents, in
+reverse order. Two things JAX cannot undo stay after `uninstall()`, inert: the
+config options this package defines (no handler reads them any more), and
+the registrations in JAX's C++ canonicalisation and dispatch registries (their
+handlers read `STATE` and act as stock JAX does for an unknown type).
 
 Nothing here touches a device: installing never initialises a backend, so
 `jax.distributed.initialize()` can still be called after the import.
@@ -31,113 +31,67 @@ import time
 
 import jax
 
-from jax_sharding_ext._array import gda as _gda
-from jax_sharding_ext._dispatch import donation as _donation
-from jax_sharding_ext._dispatch import output as _output
-from jax_sharding_ext._effects import lowering as _effects
-from jax_sharding_ext._jax import dispatch as jax_dispatch
+from jax_sharding_ext import _dispatch, _effects, _notebook
+from jax_sharding_ext._edit import STATE
 from jax_sharding_ext._jax import frames as jax_frames
-from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
-from jax_sharding_ext._notebook import cell_hook as _notebook
-from jax_sharding_ext._transfers import moves as _transfer
 
 _lock = threading.RLock()
-_edits: list | None = None
-_installed = False
 
+EDITS = [*_dispatch.EDITS, *_effects.EDITS, *_notebook.EDITS,
+         jax_tracebacks.TracebackExclusionEdit()]
+"""Every edit of every capability, in the order `install()` applies them."""
 
-class _ResultHandlerEdit(jax_tables.TableEdit):
-  """Wraps whatever `ShapedArray` result handler was there before."""
-
-  def apply(self) -> None:
-    super().apply()
-    _output._wrapped_result_handler = self.prev
-
-  def revert(self) -> None:
-    super().revert()
-    _output._wrapped_result_handler = None
-
-
-# ---------------------------------------------------------------------------
-# Handlers for JAX's extension tables. Installed by `install()` below.
-# ---------------------------------------------------------------------------
-
-
-def _gda_aval(x: _gda.GlobalDeviceArray):
-  return jax_tables.array_aval(x._checked_array("use it in a JAX operation"))
-
-
-def _gda_shard_arg(xs, shardings, layouts, copy_semantics):
-  return _transfer.shard_args(xs, shardings, layouts, copy_semantics)
-
-
-def _gda_constant_handler(x: _gda.GlobalDeviceArray, aval):
-  # Embedding fetches the value to the host: an implicit transfer.
-  return _transfer.embed_constant(x, aval)
-
-
-def _gda_device_put_default(x: _gda.GlobalDeviceArray):
-  # `jax.device_put(gda)` keeps a committed array where it is, as for a
-  # `jax.Array` (stock returns it unchanged, or copies it in place).
-  return x._checked_array("pass it to `jax.device_put`").sharding
-
-
-def _build_edits() -> list:
-  GDA = _gda.GlobalDeviceArray
-  return [
-      jax_tables.TableEdit("pytype_aval_mappings", jax_tables.pytype_aval_mappings, GDA,
-                        _gda_aval),
-      jax_tables.TableEdit("shard_arg_handlers", jax_tables.shard_arg_handlers, GDA,
-                        _gda_shard_arg),
-      jax_tables.CanonicalizeEdit(GDA),
-      jax_tables.TableEdit("mlir constant handlers", jax_tables.constant_handlers, GDA,
-                        _gda_constant_handler),
-      _ResultHandlerEdit("global_result_handlers", jax_tables.global_result_handlers,
-                         jax_tables.ShapedArray, _output.result_handler),
-      jax_dispatch.DispatchNodeEdit(GDA, _donation.dispatch_flatten, _gda._rebuild),
-      jax_tables.DevicePutDefaultEdit(GDA, _gda_device_put_default),
-      *_effects.table_edits(),
-      _notebook.IPythonHookEdit(),
-      jax_tracebacks.TracebackExclusionEdit(),
-  ]
+_ever_installed = False
 
 
 def install() -> None:
   """Register everything into JAX's tables. Idempotent."""
-  global _edits, _installed
+  global _ever_installed
   with _lock:
-    if _installed:
+    if STATE.installed:
       return
-    reinstall = _edits is not None
-    if _edits is None:
-      _edits = _build_edits()
     with _no_other_thread_reading_tables("install()"):
       done = []
       try:
-        for edit in _edits:
+        for edit in EDITS:
           edit.apply()
           done.append(edit)
       except BaseException:
         for edit in reversed(done):
           edit.revert()
         raise
-    _installed = True
-    if reinstall:
+      STATE.installed = True
+    if _ever_installed:
       _drop_cached_executables()
+    _ever_installed = True
 
 
 def uninstall() -> None:
   """Restore every table this package touched to its exact prior contents."""
-  global _installed
   with _lock:
-    if not _installed:
+    if not STATE.installed:
       return
     with _no_other_thread_reading_tables("uninstall()"):
-      for edit in reversed(_edits):
+      for edit in reversed(EDITS):
         edit.revert()
-    _installed = False
+      STATE.installed = False
     _drop_cached_executables()
+
+
+def is_installed() -> bool:
+  return STATE.installed
+
+
+def _drop_cached_executables() -> None:
+  # The one place this package clears JAX's caches. A compiled executable
+  # keeps the result handlers and lowering rules it was built with, so one
+  # compiled while installed would keep returning GDAs and running its
+  # ordered effects after `uninstall()` (and the reverse after a
+  # re-install), instead of raising stock JAX's error. The first install
+  # needs no clearing: nothing was compiled with this package's handlers yet.
+  # Public, and initialises no backend.
+  jax.clear_caches()
 
 
 _SWAP_WAIT_S = 60.0
@@ -173,15 +127,3 @@ class _no_other_thread_reading_tables:
 
   def __exit__(self, *exc) -> None:
     sys.setswitchinterval(self.interval)
-
-
-def _drop_cached_executables() -> None:
-  # A compiled executable keeps the result handlers it was built with, so one
-  # compiled while installed would keep returning GDAs after `uninstall()`
-  # (and the reverse after a re-install). The first install needs no clearing:
-  # nothing was compiled with this package's handlers yet.
-  jax.clear_caches()
-
-
-def is_installed() -> bool:
-  return _installed

@@ -37,7 +37,7 @@ def test_gda_args_hit_the_cpp_fast_path(mesh_2d, flag):
   misses, out = _misses(f, gda, other)
   assert misses == 0, (
       "warm calls with GDAs no longer hit jit's C++ fast path: check "
-      "`_donation.dispatch_key` (its sole-owner refcount) against this JAX/Python")
+      "`_jax/dispatch.view_flatten` (its sole-owner refcount) against this JAX/Python")
   # Outputs rebuilt by the C++ path are the same as the Python path's.
   assert all((type(o) is GlobalDeviceArray) == flag for o in out)
   if flag:
@@ -176,3 +176,19 @@ def test_a_donated_gda_with_shared_buffers(mesh_2d):
   assert not g.is_deleted()
   expected = 2 * np.asarray(x)
   np.testing.assert_array_equal(np.asarray(same(g, jnp.copy(x))), expected)
+
+
+def test_donated_loop_keeps_the_fast_path(mesh_2d):
+  step = jax.jit(lambda x: x + 1, donate_argnums=0)
+  twice = jax.jit(lambda a, b: a * b)
+  with jax_sharding_ext.parallel_functions_output_gda(True):
+    x, data = _gda(mesh_2d)
+    x = step(step(x))
+    with jtu.count_pjit_cpp_cache_miss() as misses:
+      for _ in range(20):
+        x = step(x)
+    assert misses() == 0  # every call took jit's C++ fast path
+    # A non-donating call may pass one array twice; it is checked on the
+    # Python path (`test_dispatch.test_possible_aliases_take_the_python_path`).
+    np.testing.assert_array_equal(np.asarray(twice(x, x)), (data + 22) ** 2)
+  np.testing.assert_array_equal(np.asarray(x), data + 22)

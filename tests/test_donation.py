@@ -319,27 +319,6 @@ def test_reusing_a_donated_gda_on_the_warm_fast_path_raises(mesh_2d):
     plain(gda)
 
 
-def test_donated_loop_keeps_the_fast_path(mesh_2d, monkeypatch):
-  from jax_sharding_ext._transfers import moves as _transfer
-  python_path = []
-  real = _transfer.shard_args
-  monkeypatch.setattr(_transfer, "shard_args",
-                      lambda *a: python_path.append(1) or real(*a))
-  step = jax.jit(lambda x: x + 1, donate_argnums=0)
-  twice = jax.jit(lambda a, b: a * b)
-  with parallel_functions_output_gda(True):
-    x, data = _gda(mesh_2d)
-    x = step(step(x))
-    python_path.clear()
-    for _ in range(20):
-      x = step(x)
-    assert python_path == []  # every call took jit's C++ fast path
-    # A non-donating call may pass one array twice; it is checked on the
-    # Python path (`test_dispatch.test_possible_aliases_take_the_python_path`).
-    np.testing.assert_array_equal(np.asarray(twice(x, x)), (data + 22) ** 2)
-  np.testing.assert_array_equal(np.asarray(x), data + 22)
-
-
 def test_compat_found_the_donation_frames():
   from jax_sharding_ext._jax import donation as jax_donation
   assert jax_donation.HAS_CALL_DONATION_INFO

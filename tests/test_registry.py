@@ -39,6 +39,8 @@ def _snapshot():
     snap[name] = set(getattr(effects, name)._effect_types)
   # Wrapped (no table exists) so `jax.device_put(gda)` keeps the sharding.
   snap["dispatch functions"] = {"_batched_device_put_impl": dispatch._batched_device_put_impl}
+  # Replaced (no table exists) so `effects_barrier()` sees every thread's tokens.
+  snap["dispatch objects"] = {"runtime_tokens": dispatch.runtime_tokens}
   return snap
 
 

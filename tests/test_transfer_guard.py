@@ -68,7 +68,7 @@ def _clean_guard_state():
   yield
   for name in GUARD_OPTIONS:
     jax.config.update(name, None)
-  assert _ledger._open_count == 0
+  assert _ledger.open_count == 0
   assert _ledger.open_ledgers() == []
 
 
@@ -769,7 +769,7 @@ def test_blocked_transfer_records_nothing_and_ledger_closes_on_error(mesh_2d):
     with jse.transfer_ledger() as ledger, jax.transfer_guard("disallow_explicit"):
       jax.device_put(g, NamedSharding(mesh_2d, P("x")))
   assert ledger.records == []
-  assert _ledger._open_count == 0 and _ledger.open_ledgers() == []
+  assert _ledger.open_count == 0 and _ledger.open_ledgers() == []
   with pytest.raises(RuntimeError, match="already open"):
     with ledger:
       with ledger:

@@ -5,22 +5,14 @@ check `isinstance(x, jax.Array)` take it) that holds exactly one private
 `jax.Array` whose sharding is `NamedSharding(mesh, spec)`, plus the
 `mesh_axes` the user gave. Its device buffers *are* that array's buffers:
 `from_jax_array` / `to_jax_array` move nothing (they wrap and return other
-`jax.Array` objects over the same buffers, see `_donation.sibling_of`), and
+`jax.Array` objects over the same buffers, see `family.py`), and
 handing a GDA to `jax.jit` passes those buffers straight to the executable
 when the sharding matches.
 
-Stock JAX accepts it as an argument through its extension tables (installed by
-`_registry.install()`, which defines the handlers):
-
-* `pytype_aval_mappings`: its aval is the wrapped array's aval, sharding
-  included, so a jitted computation follows the GDA's sharding;
-* `shard_arg_handlers`: delegates to JAX's own `jax.Array` handler, which
-  reuses the buffers when the sharding matches and reshards otherwise;
-* canonicalisation: the identity, as for `jax.Array`;
-* MLIR constant handlers: a GDA closed over by a jitted function is embedded
-  like a `jax.Array`;
-* `global_result_handlers`: with `jax_parallel_functions_output_gda` on, jit
-  outputs with a `NamedSharding` are wrapped as GDAs (`_output.py`).
+Stock JAX accepts it through its extension tables; the handlers are in
+`_dispatch/handlers.py`, the flag that makes jit outputs GDAs in
+`_dispatch/output.py`. Every transfer of its data goes through
+`_transfers/moves.py`.
 
 Since a GDA is a committed array, an explicit `in_shardings` that disagrees
 with its sharding gets stock JAX's committed-array `ValueError`. `__jax_array__`
@@ -38,21 +30,15 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from jax_sharding_ext._array.records import (  # noqa: F401 - FROM_GDA and Shard are public here too
-  _FROM_SHARDING,
-  FROM_GDA,
-  GdaShape,
-  Shard,
-  _check_buffers,
-  _device_of,
-  _extended_dtype_error,
-)
+from jax_sharding_ext._array import construct, family
+from jax_sharding_ext._array.checks import check_buffers, extended_dtype_error
+from jax_sharding_ext._array.records import _FROM_SHARDING, GdaShape, Shard
 from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, layout, old_spec_repr
 from jax_sharding_ext._array.surface import _ArraySurface
-from jax_sharding_ext._dispatch import donation as _donation
+from jax_sharding_ext._edit import STATE
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
-from jax_sharding_ext._transfers import moves as _transfer
+from jax_sharding_ext._transfers import moves
 
 
 class GlobalDeviceArray(_ArraySurface, jax.Array):
@@ -88,15 +74,12 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
   # A GDA is always committed to its devices (read by `jax.jit`).
   _committed = True
-  # Set while uninstalled: the node data jit's C++ dispatch then gets
-  # (`_donation.dispatch_flatten`), which no cached call has.
-  _dispatch_off = None
 
   @jax_tracebacks.api_boundary  # bad input shows the user's line
   def __init__(self, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
                device_buffers: Sequence[jax.Array]):
     lay = layout(global_shape, global_mesh, mesh_axes)
-    _check_buffers(lay, global_mesh, mesh_axes, device_buffers)
+    check_buffers(lay, global_mesh, mesh_axes, device_buffers)
     arr = jax.make_array_from_single_device_arrays(
         lay.shape, NamedSharding(global_mesh, lay.spec), list(device_buffers))
     self._init(arr, global_mesh, mesh_axes)
@@ -106,18 +89,18 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     self._mesh = mesh
     self._mesh_axes = mesh_axes
     self._local_shards = None
-    # Set by the first fetch to the host (`_transfer.py`); later fetches read
-    # the host copy, as for a `jax.Array`, and are not transfers.
+    # Set by the first fetch to the host (`_transfers/moves.py`); later
+    # fetches read the host copy, as for a `jax.Array`, and are not transfers.
     self._host_fetched = False
-    # The objects sharing `_arr`'s buffers, and the key of the last jit call
-    # that flattened this GDA on a slow key (`_donation.py`).
+    # The objects sharing `_arr`'s buffers (`family.py`), and the key of the
+    # last jit call that flattened this GDA on a slow key (`_jax/dispatch.py`).
     self._family = None
     self._key = None
 
   @classmethod
   def _wrap(cls, arr: jax.Array, mesh_axes: MeshAxes | None = None) -> GlobalDeviceArray:
     """Wrap `arr` (NamedSharding, already validated) without any checks."""
-    self = _rebuild(None, (arr,))
+    self = rebuild(None, (arr,))
     if mesh_axes is not None:
       self._mesh_axes = mesh_axes
     return self
@@ -148,9 +131,9 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
           "`GlobalDeviceArray.from_jax_array` got a `jax.Array` that has been "
           "deleted or donated.")
     if not jax_tables.is_plain_dtype(arr.dtype):
-      raise TypeError(_extended_dtype_error(arr.dtype, "The `jax.Array`"))
+      raise TypeError(extended_dtype_error(arr.dtype, "The `jax.Array`"))
     self = cls._wrap(arr)
-    self._arr = _donation.sibling_of(self, arr)
+    self._arr = family.sibling_of(self, arr)
     return self
 
   def to_jax_array(self) -> jax.Array:
@@ -159,7 +142,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     It shares the buffers, deletion and donation with the GDA: deleting or
     donating either deletes both, as for two names of one array.
     """
-    return _donation.sibling_of(self, self._checked_array("convert it with `to_jax_array()`"))
+    return family.sibling_of(self, self._checked_array("convert it with `to_jax_array()`"))
 
   @property
   def __jax_array__(self) -> Callable[[], jax.Array]:
@@ -168,7 +151,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     # than stock's ValueError about `__jax_array__`). A RuntimeError, not a
     # TypeError: `jax.jit` replaces any TypeError from reading an argument's
     # type with its generic "Error interpreting argument" text.
-    if type(self)._dispatch_off is not None:
+    if not STATE.installed:
       raise RuntimeError(
           f"{self} cannot be passed to JAX: jax_sharding_ext is uninstalled, "
           "so JAX no longer knows `GlobalDeviceArray`. Call "
@@ -200,7 +183,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
   def _host_array(self) -> jax.Array:
     """The view, after fetching its value to the host (an implicit transfer)."""
-    _transfer.to_host(self)
+    moves.to_host(self)
     return self._arr
 
   # -- constructors from host data ------------------------------------------
@@ -224,10 +207,11 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     `jax.make_array_from_callback` and `jax.device_put` do), so do not modify
     the returned memory afterwards; return a copy if you reuse the buffer.
     """
-    _require_callable(data_callback, "data_callback")
-    lay, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
+    construct.require_callable(data_callback, "data_callback")
+    lay, devices, indices = construct.placement(global_shape, global_mesh, mesh_axes)
     values = [data_callback(idx) for idx in indices]
-    return cls._from_host_values(lay, global_mesh, mesh_axes, devices, indices, values)
+    arr = construct.host_values_array(lay, global_mesh, mesh_axes, devices, indices, values)
+    return cls._wrap(arr, mesh_axes)
 
   @classmethod
   @jax_tracebacks.api_boundary
@@ -239,18 +223,11 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     It gets the list of indices of all local devices (in
     `global_mesh.local_devices` order) and returns one array-like per index.
     """
-    _require_callable(data_callback, "data_callback")
-    lay, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
-    values = data_callback(list(indices))
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-      raise TypeError(
-          "`data_callback` of `from_batched_callback` must return a list with one "
-          f"array per index, got {type(values).__name__}.")
-    if len(values) != len(indices):
-      raise ValueError(
-          f"`data_callback` of `from_batched_callback` was given {len(indices)} "
-          f"indices (one per local device) but returned {len(values)} arrays.")
-    return cls._from_host_values(lay, global_mesh, mesh_axes, devices, indices, values)
+    construct.require_callable(data_callback, "data_callback")
+    lay, devices, indices = construct.placement(global_shape, global_mesh, mesh_axes)
+    values = construct.checked_batch(data_callback(list(indices)), len(indices))
+    arr = construct.host_values_array(lay, global_mesh, mesh_axes, devices, indices, values)
+    return cls._wrap(arr, mesh_axes)
 
   @classmethod
   @jax_tracebacks.api_boundary
@@ -267,59 +244,10 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     `global_mesh.local_devices` order or grouped per entry; they are matched to
     devices by where they live.
     """
-    _require_callable(data_callback, "data_callback")
-    lay, devices, indices = _placement(global_shape, global_mesh, mesh_axes)
-    groups: dict[tuple, tuple[Index, list[Any]]] = {}
-    for d, idx in zip(devices, indices, strict=True):
-      key = tuple((s.start, s.stop) for s in idx)
-      groups.setdefault(key, (idx, []))[1].append(d)
-    arrays = data_callback([(idx, tuple(devs)) for idx, devs in groups.values()])
-    if isinstance(arrays, Sequence) and len(arrays) == len(devices):
-      by_device = {}
-      for a in arrays:
-        if isinstance(a, jax.Array) and len(a.sharding.device_set) == 1:
-          by_device.setdefault(next(iter(a.sharding.device_set)), a)
-      if set(by_device) == set(devices):
-        arrays = [by_device[d] for d in devices]
-    return cls(lay.shape, global_mesh, mesh_axes, arrays)
-
-  @classmethod
-  def _from_host_values(cls, lay, mesh, mesh_axes, devices, indices,
-                        values) -> GlobalDeviceArray:
-    shard_shape = lay.shard_shape
-    prepared = []
-    dtype = None
-    for i, (v, idx) in enumerate(zip(values, indices, strict=True)):
-      if isinstance(v, jax.core.Tracer):
-        raise TypeError(
-            "`data_callback` returned a traced value; GDAs are built from "
-            "concrete data outside `jax.jit`.")
-      if not isinstance(v, (np.ndarray, jax.Array)):
-        v = np.asarray(v)
-      if v.dtype == np.dtype(object) or not jax_tables.is_plain_dtype(v.dtype):
-        raise TypeError(
-            f"`data_callback` returned dtype {v.dtype} for index {idx}; return "
-            "numeric array data.")
-      v = jax_tables.canonicalize_value(v)
-      if tuple(v.shape) != shard_shape:
-        raise ValueError(
-            f"`data_callback` returned shape {tuple(v.shape)} for index {idx} "
-            f"(device {devices[i]}), but shards of global shape "
-            f"{lay.shape} with mesh axes {mesh_axes!r} have shape "
-            f"{shard_shape}. Return `global_data[index]`.")
-      if dtype is None:
-        dtype = v.dtype
-      elif v.dtype != dtype:
-        raise ValueError(
-            f"`data_callback` returned dtype {v.dtype} for index {idx} (device "
-            f"{devices[i]}) but {dtype} for an earlier index; every shard must "
-            "have the same dtype.")
-      prepared.append(v)
-    if dtype is None:  # a process with no local devices in the mesh
-      dtype = np.dtype(np.float32)
-    arr = _transfer.place_host_shards(lay.shape, dtype, NamedSharding(mesh, lay.spec),
-                                      prepared, devices)
-    return cls._wrap(arr, mesh_axes)
+    construct.require_callable(data_callback, "data_callback")
+    lay, devices, indices = construct.placement(global_shape, global_mesh, mesh_axes)
+    arrays = data_callback(construct.by_index(devices, indices))
+    return cls(lay.shape, global_mesh, mesh_axes, construct.in_device_order(arrays, devices))
 
   # -- attributes ---------------------------------------------------------------
 
@@ -422,7 +350,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
   def copy_to_host_async(self) -> None:
     """Start fetching the value to the host (a device_to_host transfer)."""
-    _transfer.start_host_copy(self)
+    moves.start_host_copy(self)
 
   def delete(self) -> None:
     """Free the device buffers; later uses raise `RuntimeError`."""
@@ -448,7 +376,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
       raise ValueError(
           "A GlobalDeviceArray lives on devices; converting it to numpy always "
           "copies, so `copy=False` cannot be honoured.")
-    return _transfer.to_host(self, dtype)
+    return moves.to_host(self, dtype)
 
   def __len__(self) -> int:
     if not self.shape:
@@ -510,27 +438,14 @@ def _unpickle(value: np.ndarray, device_ids: np.ndarray, axis_names: tuple,
   return GlobalDeviceArray.from_callback(value.shape, mesh, mesh_axes, lambda idx: value[idx])
 
 
-def _require_callable(fn, name: str) -> None:
-  if not callable(fn):
-    raise TypeError(f"`{name}` must be callable, got {type(fn).__name__}.")
-
-
-def _placement(global_shape, mesh, mesh_axes):
-  """(validated layout, local devices, their seed indices) for a new GDA."""
-  lay = layout(global_shape, mesh, mesh_axes)
-  pos = {d: i for i, d in enumerate(mesh.devices.flat)}
-  devices = list(mesh.local_devices)
-  return lay, devices, [lay.indices[pos[d]] for d in devices]
-
-
 _new = object.__new__
 
 
-def _rebuild(key: Any, children: Sequence[jax.Array]) -> GlobalDeviceArray:
+def rebuild(key: Any, children: Sequence[jax.Array]) -> GlobalDeviceArray:
   """A GDA over `children[0]`: how jit's C++ dispatch rebuilds every GDA output.
 
   The unflatten function of the GDA's dispatch-registry node
-  (`jax_dispatch.DispatchNodeEdit`; `key` is its node data, unused here), so
+  (`_jax/dispatch.py`; `key` is its node data, unused here), so
   it is on the hot path of every warm call with the output flag on: `_init`
   inlined, and the mesh and mesh axes read from `arr.sharding` on first use.
   """

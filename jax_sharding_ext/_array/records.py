@@ -1,18 +1,17 @@
-"""The parts of `GlobalDeviceArray` that do not need the class itself: the
-`FROM_GDA` sentinel, the `Shard` record, the GDA's shape tuple, and the checks of the device buffers
-and dtypes handed to the constructor (`_gda.py` uses them).
+"""The small records of the GDA API: the `FROM_GDA` sentinel (and the test
+for a leaf of a sharding-spec pytree), the `Shard` record and the GDA's shape
+tuple.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import jax
+from jax.sharding import PartitionSpec, Sharding
 
 from jax_sharding_ext._array.shard_math import Index
-from jax_sharding_ext._jax import tables as jax_tables
 
 
 class _Sentinel:
@@ -40,6 +39,13 @@ class _FromGda(_Sentinel):
   _name = "FROM_GDA"
 FROM_GDA = _FromGda()
 """Legacy `pjit` `in_axis_resources` entry: use the argument's own sharding."""
+
+
+def is_spec_leaf(x: Any) -> bool:
+  """A leaf of a pytree of sharding specs (pjit's axis resources,
+  `multihost_utils`' pspecs): `None`, a `PartitionSpec`, a `Sharding` or
+  `FROM_GDA`."""
+  return x is None or isinstance(x, (PartitionSpec, Sharding, _FromGda))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,74 +92,3 @@ class GdaShape(tuple):
 
 _FROM_SHARDING = object()
 """`_mesh_axes` of a GDA made by `_wrap` until first read: the array's spec."""
-
-
-def _check_buffers(lay, mesh, mesh_axes, buffers) -> Any:
-  """Validate constructor `device_buffers`; return their common dtype."""
-  if isinstance(buffers, (str, bytes)) or not isinstance(buffers, Sequence):
-    raise TypeError(
-        "`device_buffers` must be a list of single-device `jax.Array`s, one per "
-        f"device of `global_mesh.local_devices`; got {type(buffers).__name__}.")
-  local_devices = list(mesh.local_devices)
-  spec_text = f"shape {lay.shape} and mesh axes {mesh_axes!r}"
-  if len(buffers) != len(local_devices):
-    got = [_device_of(b) for b in buffers]
-    raise ValueError(
-        f"`GlobalDeviceArray` with {spec_text} expects {len(local_devices)} local "
-        f"shards, but got {len(buffers)} buffers on devices {got}. Pass one buffer "
-        "per device in `global_mesh.local_devices` order, or build it with "
-        "`GlobalDeviceArray.from_callback(...)`.")
-  for i, (b, d) in enumerate(zip(buffers, local_devices, strict=True)):
-    if not isinstance(b, jax.Array) or isinstance(b, jax.core.Tracer):
-      raise TypeError(
-          f"`device_buffers[{i}]` must be a concrete single-device `jax.Array`, "
-          f"got {type(b).__name__}. Use `jax.device_put(x, device)` to place it.")
-    if b.is_deleted():
-      raise RuntimeError(f"`device_buffers[{i}]` has been deleted or donated.")
-    devs = b.sharding.device_set
-    if len(devs) != 1:
-      raise ValueError(
-          f"`device_buffers[{i}]` spans {len(devs)} devices; each buffer must "
-          "live on exactly one device. Use `GlobalDeviceArray.from_jax_array` "
-          "for a sharded `jax.Array`.")
-    if next(iter(devs)) != d:
-      raise ValueError(
-          "The `global_mesh.local_devices` and `device_buffers` device order "
-          f"doesn't match: `device_buffers[{i}]` is on {next(iter(devs))} but "
-          f"`global_mesh.local_devices[{i}]` is {d}. Got buffers on "
-          f"{[_device_of(x) for x in buffers]}, expected {local_devices}. Please "
-          "use `global_mesh.local_devices` to put arrays on devices instead of "
-          "`jax.local_devices()`.")
-  shard_shape = lay.shard_shape
-  shapes = [tuple(b.shape) for b in buffers]
-  if any(s != shard_shape for s in shapes):
-    raise ValueError(
-        f"`GlobalDeviceArray` with {spec_text} on mesh {dict(mesh.shape)} expects "
-        f"every shard to have shape {shard_shape}, but the buffers have shapes "
-        f"{shapes}.")
-  dtypes_ = [b.dtype for b in buffers]
-  for i, dt in enumerate(dtypes_):
-    if not jax_tables.is_plain_dtype(dt):
-      raise TypeError(_extended_dtype_error(dt, f"`device_buffers[{i}]`"))
-  if any(dt != dtypes_[0] for dt in dtypes_):
-    raise ValueError(
-        "Input arrays to `GlobalDeviceArray` must have matching dtypes, got "
-        f"{[str(dt) for dt in dtypes_]}.")
-  return dtypes_[0] if dtypes_ else None
-
-
-def _extended_dtype_error(dtype, what: str) -> str:
-  return (
-      f"{what} has dtype {dtype}, which a `GlobalDeviceArray` cannot hold: typed "
-      "PRNG key arrays and other extended dtypes are not arrays of numbers (the "
-      "GDA era had none). Keep them as `jax.Array`s, or pass "
-      "`jax.random.key_data(keys)` (a uint32 array) and rewrap with "
-      "`jax.random.wrap_key_data` inside your function.")
-
-
-def _device_of(b) -> Any:
-  try:
-    devs = b.sharding.device_set
-    return next(iter(devs)) if len(devs) == 1 else sorted(devs, key=lambda d: d.id)
-  except AttributeError:
-    return type(b).__name__

@@ -1,1 +1,12 @@
-"""TODO"""
+"""How JAX takes a `GlobalDeviceArray`: its entries in JAX's extension tables
+(`handlers`), buffer donation and its checks (`donation`), and the
+`jax_parallel_functions_output_gda` flag with its result handler (`output`).
+
+jit's C++ fast-path key, which reads reference counts, is in
+`_jax/dispatch.py`.
+"""
+
+from jax_sharding_ext._dispatch import handlers, output
+
+EDITS = [*handlers.EDITS, *output.EDITS]
+"""Every edit this capability makes to JAX, in the order `install()` applies them."""

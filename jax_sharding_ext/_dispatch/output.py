@@ -53,10 +53,6 @@ jax_array = jax_config.define_bool_flag(
 )
 """The GDA-era `jax_array` option: read only by the user's own code."""
 
-# The entry of `global_result_handlers[ShapedArray]` that this package wraps:
-# whatever was installed before `install()` (JAX's own handler, normally).
-_wrapped_result_handler = None
-
 
 def _wrap_output(arr):
   return GlobalDeviceArray._wrap(arr)
@@ -75,7 +71,9 @@ def _is_jax_internal(fun) -> bool:
 
 
 def result_handler(aval, sharding, committed):
-  handler = _wrapped_result_handler(aval, sharding, committed)
+  """Wraps whatever `ShapedArray` result handler was there before `install()`
+  (JAX's own, normally): GDAs with the flag on, its own outputs otherwise."""
+  handler = _EDIT.prev(aval, sharding, committed)
   if (parallel_functions_output_gda.value
       and isinstance(sharding, NamedSharding)
       and not sharding.mesh.empty
@@ -84,3 +82,8 @@ def result_handler(aval, sharding, committed):
       and not _is_jax_internal(jax_frames.jitted_function_being_compiled())):
     return handler.wrap(_wrap_output)
   return handler
+
+
+_EDIT = jax_tables.TableEdit("global_result_handlers", jax_tables.global_result_handlers,
+                             jax_tables.ShapedArray, result_handler)
+EDITS = [_EDIT]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+from jax_sharding_ext._edit import Edit
 from jax_sharding_ext._jax import effects as jax_effects
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
@@ -16,18 +17,17 @@ _lock = threading.RLock()
 # ---------------------------------------------------------------------------
 
 
-class _UserEffectEdits:
+class _UserEffectEdits(Edit):
   """The effect-table memberships asked for by `declare_effect` / `mark_shardable`.
 
-  One registry edit standing for all of them, so that `uninstall()` removes
-  user effects from JAX's tables too and `install()` puts them back.
+  One edit standing for all of them, so that `uninstall()` removes user
+  effects from JAX's tables too and `install()` puts them back.
   """
 
   name = "declared effects"
 
   def __init__(self):
     self.edits: list[jax_effects.EffectTypeSetEdit] = []
-    self.applied = False
 
   def add(self, edit: jax_effects.EffectTypeSetEdit) -> None:
     with _lock:
@@ -35,20 +35,19 @@ class _UserEffectEdits:
       if self.applied:
         edit.apply()
 
-  def apply(self) -> None:
+  def _apply(self) -> None:
     with _lock:
       for edit in self.edits:
         edit.apply()
-      self.applied = True
 
-  def revert(self) -> None:
+  def _revert(self) -> None:
     with _lock:
       for edit in reversed(self.edits):
         edit.revert()
-      self.applied = False
 
 
 _user_edits = _UserEffectEdits()
+EDITS = [_user_edits]
 _declared: dict[str, tuple[type, dict[str, bool]]] = {}
 _shardable_marked: set[type] = set()
 

@@ -44,6 +44,7 @@ from jax._src.lib.mlir import ir as _fx_ir
 from jax._src.lib.mlir.dialects import func as _fx_func
 from jax._src.lib.mlir.dialects import sdy as _fx_sdy
 
+from jax_sharding_ext._edit import Edit, replaced_error
 from jax_sharding_ext._jax.tables import _MISSING
 
 Effect = _fx_effects.Effect
@@ -75,7 +76,7 @@ def is_ordered_effect(effect: Any) -> bool:
   return _fx_effects.ordered_effects.contains(effect)
 
 
-class SetMemberEdit:
+class SetMemberEdit(Edit):
   """Add `item` to the plain Python set `target`; undo removes it if we added it.
 
   A member that was already there is left alone both ways, so stock
@@ -86,28 +87,21 @@ class SetMemberEdit:
     self.name = name
     self.target = target
     self.item = item
-    self.applied = False
     self._added = False
 
   def _target(self) -> set | None:
     return self.target
 
-  def apply(self) -> None:
-    if self.applied:
-      return
+  def _apply(self) -> None:
     target = self._target()
     self._added = target is not None and self.item not in target
     if self._added:
       target.add(self.item)
-    self.applied = True
 
-  def revert(self) -> None:
-    if not self.applied:
-      return
+  def _revert(self) -> None:
     if self._added:
       self._target().discard(self.item)
     self._added = False
-    self.applied = False
 
 
 class EffectTypeSetEdit(SetMemberEdit):
@@ -142,7 +136,7 @@ prim_requires_devices_during_lowering: set = _fx_dispatch.prim_requires_devices_
 """Primitives whose lowering needs the concrete device assignment (io_callback_p)."""
 
 
-class LoweringEdit:
+class LoweringEdit(Edit):
   """Wrap the lowering rule of `prim` on `platform` (None: the default rule).
 
   `make_rule(prev_rule)` builds the new rule around the rule that was there;
@@ -156,7 +150,6 @@ class LoweringEdit:
     self.platform = platform
     self.make_rule = make_rule
     self.name = f"mlir lowering[{platform or 'default'}]"
-    self.applied = False
     self._prev: Any = _MISSING
     self._entry: Any = None
 
@@ -165,9 +158,7 @@ class LoweringEdit:
       return _fx_mlir._lowerings
     return _fx_mlir._platform_specific_lowerings[self.platform]
 
-  def apply(self) -> None:
-    if self.applied:
-      return
+  def _apply(self) -> None:
     table = self._table()
     prev = table.get(self.prim, _MISSING)
     if prev is _MISSING:  # nothing to wrap on this platform
@@ -176,21 +167,14 @@ class LoweringEdit:
       self._prev = prev
       self._entry = _fx_mlir.LoweringRuleEntry(self.make_rule(prev.rule), prev.inline)
       table[self.prim] = self._entry
-    self.applied = True
 
-  def revert(self) -> None:
-    if not self.applied:
-      return
+  def _revert(self) -> None:
     if self._entry is not None:
       table = self._table()
       if table.get(self.prim, _MISSING) is not self._entry:
-        raise RuntimeError(
-            f"Cannot uninstall jax_sharding_ext: the {self.name} rule of "
-            f"`{self.prim}` was replaced by someone else after jax_sharding_ext "
-            "installed it. Uninstall the other extension first.")
+        raise replaced_error(f"the {self.name} rule of `{self.prim}`")
       table[self.prim] = self._prev
     self._prev, self._entry = _MISSING, None
-    self.applied = False
 
 
 def lowering_platforms(prim: Any) -> list[str | None]:
@@ -359,73 +343,3 @@ def _attr_is(cls, attr) -> bool:
   except (ValueError, TypeError):
     return False
   return True
-
-
-RuntimeTokenSet: type = type(_fx_dispatch.runtime_tokens)
-"""`dispatch.RuntimeTokenSet`: a `threading.local` holding, per thread, the
-tokens of the last dispatched computation (`current_tokens` per ordered
-effect, `output_runtime_tokens` per device). `jax.effects_barrier()` blocks on
-the calling thread's only.
-
-`pxla.ExecuteReplicated` calls `get_token_input(effect, devices)` for the
-input token of each ordered effect (the effect's current token, or a fresh
-one), then `set_token_result` / `set_output_runtime_token`;
-`jax.effects_barrier()` and the `atexit` hook `dispatch.wait_for_tokens` call
-`block_until_ready()`, which blocks on every token and then `clear()`s. Same
-in jax 0.10.2 and 0.12.x.
-
-Stock flaw, kept by every release so far: when a computation fails after
-dispatch (asynchronously: e.g. a raising ordered callback over several
-devices), the tokens it returns carry the error for good.
-`block_until_ready()` raises before `clear()`, so every later barrier raises
-it again (and twice at exit), and `get_token_input` hands the failed token to
-the next computation with that effect, which then fails without running.
-`_barrier._TrackedRuntimeTokens` overrides both."""
-
-
-def failed_token_error(token: Any) -> BaseException | None:
-  """The error of an ordered-effect token whose computation failed, else None.
-
-  `token` is a `core.Token` (a value of `RuntimeTokenSet.current_tokens`),
-  whose `_buf` is a `jax.Array`. Never blocks: a token whose computation is
-  still running, or that has no buffer, counts as not failed.
-  """
-  buf = getattr(token, "_buf", None)
-  if buf is None or not hasattr(buf, "is_ready") or not buf.is_ready():
-    return None
-  try:
-    buf.block_until_ready()  # ready: returns or raises at once
-  except jax.errors.JaxRuntimeError as e:
-    return e
-  return None
-
-
-def token_is_on(token: Any, devices: Any) -> bool:
-  """Whether `token`'s buffer is live and laid out on `devices`, in order.
-
-  `devices` is what `pxla.ExecuteReplicated` passes to `get_token_input` (its
-  local devices); a token returned by a computation on the same devices is
-  `NamedSharding(Mesh(devices, 'x'), P('x'))` (several devices) or
-  `SingleDeviceSharding` (one), and `execute_sharded` takes its per-device
-  buffers as they are. Reads `Sharding._device_assignment` (private; same
-  in jax 0.10.2 and 0.12.x).
-  """
-  buf = getattr(token, "_buf", None)
-  try:
-    return (not buf.is_deleted()
-            and tuple(buf.sharding._device_assignment) == tuple(devices))
-  except AttributeError:
-    return False
-
-
-def get_runtime_tokens() -> Any:
-  return _fx_dispatch.runtime_tokens
-
-
-def set_runtime_tokens(tokens: Any) -> None:
-  """Swap the object dispatch reads as `dispatch.runtime_tokens`.
-
-  `pxla` and `jax.effects_barrier` look it up as a module attribute at every
-  call (jax 0.10.2 and 0.12.x), so a swap takes effect at once.
-  """
-  _fx_dispatch.runtime_tokens = tokens

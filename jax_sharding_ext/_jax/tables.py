@@ -15,13 +15,13 @@ signature (`CanonicalizeEdit`), or `dispatch._batched_device_put_impl`
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from jax._src import dispatch as _fx_dispatch
 
+from jax_sharding_ext._edit import STATE, Edit, replaced_error
 from jax_sharding_ext._jax import UnsupportedJaxVersionError
 
 # All private imports below. If one of them fails, the version check above
@@ -55,38 +55,24 @@ InvalidInputException = _dtypes.InvalidInputException
 # ---------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class TableEdit:
+class TableEdit(Edit):
   """One `table[key] = value` that can be undone."""
 
-  name: str
-  table: Any
-  key: Any
-  value: Any
-  prev: Any = _MISSING
-  applied: bool = False
+  def __init__(self, name: str, table: Any, key: Any, value: Any):
+    self.name, self.table, self.key, self.value = name, table, key, value
+    self.prev: Any = _MISSING
 
-  def apply(self) -> None:
-    if self.applied:
-      return
+  def _apply(self) -> None:
     self.prev = self.table.get(self.key, _MISSING)
     self.table[self.key] = self.value
-    self.applied = True
 
-  def revert(self) -> None:
-    if not self.applied:
-      return
-    current = self.table.get(self.key, _MISSING)
-    if current is not self.value:
-      raise RuntimeError(
-          f"Cannot uninstall jax_sharding_ext: {self.name}[{self.key!r}] was "
-          "replaced by someone else after jax_sharding_ext installed it. "
-          "Uninstall the other extension first.")
+  def _revert(self) -> None:
+    if self.table.get(self.key, _MISSING) is not self.value:
+      raise replaced_error(f"{self.name}[{self.key!r}]")
     if self.prev is _MISSING:
       del self.table[self.key]
     else:
       self.table[self.key] = self.prev
-    self.applied = False
 
 
 # ---------------------------------------------------------------------------
@@ -154,37 +140,24 @@ def is_plain_dtype(dtype) -> bool:
 # Value canonicalisation. Since jax 0.10.2 (cd8549e7cf) the registry lives in
 # C++ (`_jax.register_canonicalize_value_handler`) and has no way to remove an
 # entry; `dtypes.canonicalize_value_handlers` is a write-only shim, so it is
-# never read here. To keep `uninstall()` honest, the handler registered is a
-# switch: while installed it is the identity, after uninstall it raises the
+# never read here. To keep `uninstall()` honest, the handler registered reads
+# the install state: installed, it is the identity; uninstalled, it raises the
 # same `InvalidInputException` stock JAX raises for an unknown type.
 # ---------------------------------------------------------------------------
 
-_canonicalize_enabled: dict[type, bool] = {}
 
+class RegisterOnceEdit(Edit):
+  """An entry in a JAX registry that has no way to remove one.
 
-def _make_canonicalize_switch(typ: type) -> Callable[[Any], Any]:
-  def canonicalize(x):
-    if _canonicalize_enabled.get(typ):
-      return x
-    raise InvalidInputException(
-        f"Argument '{x}' of type {type(x)} is not a valid JAX type. "
-        "(jax_sharding_ext is uninstalled; call `jax_sharding_ext.install()`.)")
-  return canonicalize
-
-
-class RegisterOnceEdit:
-  """An edit of a JAX registry that has no way to remove an entry.
-
-  The entry is registered the first time it is applied and stays; applying and
-  reverting then only switch it on and off (`_enable`), so `uninstall()`
-  restores stock behaviour even though the registration itself remains.
+  The entry is registered the first time it is applied and stays; its
+  handler reads `STATE.installed`, so after `uninstall()` it behaves as stock
+  JAX does for an unregistered type even though the registration remains.
   """
 
-  name = ""
+  _registered: set[type]
 
   def __init__(self, typ: type):
     self.typ = typ
-    self.applied = False
 
   def _available(self) -> bool:
     return True
@@ -192,40 +165,41 @@ class RegisterOnceEdit:
   def _register(self) -> None:
     raise NotImplementedError
 
-  def _enable(self, on: bool) -> None:
-    raise NotImplementedError
-
-  def apply(self) -> None:
-    if self.applied or not self._available():
-      return
-    if self.typ not in self._registered:
+  def _apply(self) -> None:
+    if self.typ not in self._registered and self._available():
       self._register()
       self._registered.add(self.typ)
-    self._enable(True)
-    self.applied = True
 
-  def revert(self) -> None:
-    if self.applied:
-      self._enable(False)
-      self.applied = False
+  def _revert(self) -> None:
+    pass  # the handler reads `STATE.installed`
+
+
+def _canonicalize_switch(x):
+  if STATE.installed:
+    return x
+  raise InvalidInputException(
+      f"Argument '{x}' of type {type(x)} is not a valid JAX type. "
+      "(jax_sharding_ext is uninstalled; call `jax_sharding_ext.install()`.)")
 
 
 class CanonicalizeEdit(RegisterOnceEdit):
-  """Canonicalise `typ` as the identity; reverted, it raises as stock does."""
+  """Canonicalise `typ` as the identity; uninstalled, it raises as stock does."""
 
   name = "canonicalize_value_handlers"
   _registered: set[type] = set()
 
   def _register(self) -> None:
-    _dtypes.register_canonicalize_value_handler(self.typ, _make_canonicalize_switch(self.typ))
-
-  def _enable(self, on: bool) -> None:
-    _canonicalize_enabled[self.typ] = on
+    _dtypes.register_canonicalize_value_handler(self.typ, _canonicalize_switch)
 
 
 def canonicalize_value(x: Any) -> Any:
   """`dtypes.canonicalize_value`: numpy/Python values to JAX's dtype rules."""
   return _dtypes.canonicalize_value(x)
+
+
+def canonical_dtype(dtype: Any) -> Any:
+  """`dtype` under JAX's dtype rules (e.g. float64 as float32 without x64)."""
+  return _dtypes.canonicalize_dtype(dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -272,7 +246,7 @@ def batched_device_put(shape, dtype, sharding, values, devices):
 _DP_IMPL_NAME = "_batched_device_put_impl"
 
 
-class DevicePutDefaultEdit:
+class DevicePutDefaultEdit(Edit):
   """`jax.device_put(x)` with no target uses `default_of(x)` for values of `typ`."""
 
   name = f"dispatch.{_DP_IMPL_NAME}"
@@ -283,9 +257,7 @@ class DevicePutDefaultEdit:
     self.prev: Any = None
     self.wrapper: Any = None
 
-  def apply(self) -> None:
-    if self.wrapper is not None:
-      return
+  def _apply(self) -> None:
     prev = getattr(_fx_dispatch, _DP_IMPL_NAME)
     typ, default_of = self.typ, self.default_of
 
@@ -299,13 +271,8 @@ class DevicePutDefaultEdit:
     self.wrapper = _batched_device_put_impl
     setattr(_fx_dispatch, _DP_IMPL_NAME, _batched_device_put_impl)
 
-  def revert(self) -> None:
-    if self.wrapper is None:
-      return
+  def _revert(self) -> None:
     if getattr(_fx_dispatch, _DP_IMPL_NAME) is not self.wrapper:
-      raise RuntimeError(
-          f"Cannot uninstall jax_sharding_ext: {self.name} was replaced by "
-          "someone else after jax_sharding_ext wrapped it. Uninstall the other "
-          "extension first.")
+      raise replaced_error(self.name)
     setattr(_fx_dispatch, _DP_IMPL_NAME, self.prev)
     self.prev = self.wrapper = None

@@ -20,6 +20,8 @@ import os as _tb_os
 
 from jax._src import traceback_util as _tb_util
 
+from jax_sharding_ext._edit import Edit
+
 api_boundary = _tb_util.api_boundary
 """Decorator: `fun` is an API boundary below which frames are filtered."""
 
@@ -27,29 +29,24 @@ api_boundary = _tb_util.api_boundary
 PACKAGE_DIR = _tb_os.path.dirname(_tb_os.path.dirname(_tb_os.path.abspath(__file__)))
 
 
-class TracebackExclusionEdit:
+class TracebackExclusionEdit(Edit):
   """Adds the package's directory to JAX's traceback exclusions; undoable."""
 
   name = "traceback exclusion paths"
 
   def __init__(self, path: str = PACKAGE_DIR):
     self.path = path
-    self.applied = False
     self.position: int | None = None  # where it was before the last revert
 
-  def apply(self) -> None:
-    if not self.applied:
-      paths = _tb_util._exclude_paths
-      # Back where it was (libraries imported meanwhile may have appended
-      # their own paths after it), else at the end.
-      at = self.position if self.position is not None else len(paths)
-      paths.insert(min(at, len(paths)), self.path)
-      self.applied = True
+  def _apply(self) -> None:
+    paths = _tb_util._exclude_paths
+    # Back where it was (libraries imported meanwhile may have appended
+    # their own paths after it), else at the end.
+    at = self.position if self.position is not None else len(paths)
+    paths.insert(min(at, len(paths)), self.path)
 
-  def revert(self) -> None:
-    if self.applied:
-      # The last occurrence is ours (added after any earlier one).
-      paths = _tb_util._exclude_paths
-      self.position = len(paths) - 1 - paths[::-1].index(self.path)
-      del paths[self.position]
-      self.applied = False
+  def _revert(self) -> None:
+    # The last occurrence is ours (added after any earlier one).
+    paths = _tb_util._exclude_paths
+    self.position = len(paths) - 1 - paths[::-1].index(self.path)
+    del paths[self.position]

@@ -1,4 +1,4 @@
-"""What `_transfer.py` needs to apply JAX's transfer guard to GDA transfers.
+"""What `_transfers/` needs to apply JAX's transfer guard to GDA transfers.
 
 Touches: `jax._src.lib.guard_lib` (levels, thread-local and global guard
 state), `jax._src.lib.xla_client` (`ArrayCopySemantics`), `jax._src.array`
@@ -17,7 +17,7 @@ from jax._src.lib import guard_lib as _guard_lib
 
 # --- transfer guards ---
 # ---------------------------------------------------------------------------
-# What `_transfer.py` needs to apply JAX's transfer guard to GDA transfers.
+# What `_transfers/` needs to apply JAX's transfer guard to GDA transfers.
 #
 # * Guard levels: in jaxlib's `guard_lib` (earlier `transfer_guard_lib`; the
 #   `from jax._src.lib import guard_lib` at the top fails early if it moves)
@@ -32,7 +32,7 @@ from jax._src.lib import guard_lib as _guard_lib
 #   thread starts empty and sees the global option). No public getter exists:
 #   `jax.config.jax_transfer_guard` is set-only by design.
 # * Suspending jaxlib's own guard for the duration of a GDA transfer that
-#   `_transfer.py` already judged: jaxlib would otherwise judge the inner steps
+#   `_transfers/` already judged: jaxlib would otherwise judge the inner steps
 #   again with its own classification (on CPU a reshard of a sharded array is
 #   fetched through the host and judged "host_to_device"; `from_callback`
 #   placement is not inside `explicit_device_put_scope`, so jaxlib judges it
@@ -46,13 +46,13 @@ from jax._src.lib import guard_lib as _guard_lib
 #   `_jax.batched_copy_to_host_async`), and that path guards CPU buffers like
 #   any other: stock `np.asarray` of a sharded CPU `jax.Array` raises under
 #   "disallow" in 0.12 (single-device arrays are still exempt).
-#   `JAXLIB_GUARDS_CPU_FETCH` says which behaviour this JAX has; `_transfer`
-#   keeps the seed's rule for a GDA on both by running every fetch it judged
+#   `JAXLIB_GUARDS_CPU_FETCH` says which behaviour this JAX has; `_transfers`
+#   keeps the CPU rule for a GDA on both by running every fetch it judged
 #   with jaxlib's guard suspended (a no-op for CPU buffers in 0.10.2).
 # * Same-placement test: `array._sharding_indices_and_eq` (with the
 #   `_fallback_check_via_indices` fallback) is how `_array_shard_arg` decides
-#   whether an argument moves (jax 0.10.2); reusing it keeps "is this a
-#   transfer" identical to stock. If a JAX release drops them, the public
+#   whether an argument moves (jax 0.10.2); reusing it (`moving_args`) keeps
+#   "is this a transfer" identical to stock. If a JAX release drops them, the public
 #   `devices_indices_map` comparison below gives the same answer, slower.
 # * `ArrayCopySemantics` (jax 0.4.36, 0bb30f0777): jaxlib guards every copy
 #   that is not `REUSE_INPUT`, even onto the same devices.
@@ -93,7 +93,11 @@ def transfer_guard_level(direction: str) -> str:
   `direction` is one of `TRANSFER_DIRECTIONS`. Thread-local (context manager)
   level first, then the global option, then "allow", as jaxlib does.
   """
-  level = getattr(_tg_thread_state(), direction)
+  return _level(_tg_thread_state(), direction)
+
+
+def _level(thread_state, direction: str) -> str:
+  level = getattr(thread_state, direction)
   if level is None:
     level = getattr(_tg_global_state(), direction)
     if level is None:
@@ -109,13 +113,7 @@ def transfer_guard_query(direction: str, explicit_flag: str) -> tuple[str, bool]
   for this direction (host_to_device and device_to_device use the put flag).
   """
   state = _tg_thread_state()
-  explicit = bool(getattr(state, explicit_flag))
-  level = getattr(state, direction)
-  if level is None:
-    level = getattr(_tg_global_state(), direction)
-    if level is None:
-      return "allow", explicit
-  return _TG_LEVEL_NAMES[level], explicit
+  return _level(state, direction), bool(getattr(state, explicit_flag))
 
 
 def suspend_transfer_guards() -> tuple:
@@ -163,6 +161,39 @@ def same_shard_placement(src_sharding, dst_sharding, shape) -> bool:
     return bool(_sharding_indices_and_eq(src_sharding, dst_sharding, len(shape)))
   except NotImplementedError:
     return bool(_fallback_check_via_indices(src_sharding, dst_sharding, tuple(shape)))
+
+
+def moving_args(arrays, shardings, layouts, copy_semantics) -> list[int] | None:
+  """Indices of the arguments whose buffers `_array_shard_arg` would copy.
+
+  Mirrors stock's decision: same placement (`same_shard_placement`) and
+  layout with `REUSE_INPUT` hands the buffers over; anything else copies,
+  and jaxlib guards it as device_to_device (even a copy onto the same
+  devices). Returns None when nothing moves (the common `jax.jit` case, kept
+  to a few attribute reads per argument).
+  """
+  moving = None
+  for i in range(len(arrays)):
+    a, s, layout, cs = arrays[i], shardings[i], layouts[i], copy_semantics[i]
+    src = a.sharding
+    if cs is REUSE_INPUT and layout is None and (src is s or src == s):
+      continue
+    if not a.is_fully_addressable:
+      continue  # cannot move; stock raises its own NotImplementedError
+    if (cs is not REUSE_INPUT
+        or (layout is not None and a.format.layout != layout)
+        or not same_shard_placement(src, s, a.shape)):
+      if moving is None:
+        moving = []
+      moving.append(i)
+  return moving
+
+
+def writes_in_place(arr, sharding, layout, copy_semantics) -> bool:
+  """A donation onto the same placement: jaxlib guards it, but no new buffer is written."""
+  return (copy_semantics != ALWAYS_COPY
+          and (layout is None or arr.format.layout == layout)
+          and same_shard_placement(arr.sharding, sharding, arr.shape))
 
 
 _sharding_indices_and_eq = getattr(_array, "_sharding_indices_and_eq", None)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import sys
 
-from jax_sharding_ext._effects import barrier as _barrier
+from jax_sharding_ext._edit import Edit
+from jax_sharding_ext._effects import barrier
 from jax_sharding_ext._jax import config as jax_config
-from jax_sharding_ext._notebook import ipython as _ipython
+from jax_sharding_ext._notebook import ipython
 
 FLAG_NAME = "jax_sharding_ext_cell_effects_barrier"
 
@@ -35,7 +36,7 @@ def _end_of_cell(result=None) -> None:
   if not cell_effects_barrier.value:
     return
   try:
-    _barrier.effects_barrier()
+    barrier.effects_barrier()
   except Exception as e:  # an effect of this cell failed: say so in this cell
     print(f"jax_sharding_ext: an effect dispatched by this cell failed: "
           f"{type(e).__name__}: {e}", file=sys.stderr)
@@ -43,7 +44,7 @@ def _end_of_cell(result=None) -> None:
     stream.flush()
 
 
-class IPythonHookEdit:
+class IPythonHookEdit(Edit):
   """Registers `_end_of_cell` with the running IPython shell; undoable."""
 
   name = "IPython post_run_cell hook"
@@ -51,17 +52,16 @@ class IPythonHookEdit:
   def __init__(self):
     self.shell = None
 
-  def apply(self) -> None:
-    if self.shell is not None:
-      return
-    shell = _ipython.shell()
-    if shell is None:
-      return
-    shell.events.register("post_run_cell", _end_of_cell)
+  def _apply(self) -> None:
+    shell = ipython.shell()
+    if shell is not None:
+      shell.events.register("post_run_cell", _end_of_cell)
     self.shell = shell
 
-  def revert(self) -> None:
-    if self.shell is None:
-      return
-    self.shell.events.unregister("post_run_cell", _end_of_cell)
+  def _revert(self) -> None:
+    if self.shell is not None:
+      self.shell.events.unregister("post_run_cell", _end_of_cell)
     self.shell = None
+
+
+EDITS = [IPythonHookEdit()]

@@ -1,7 +1,7 @@
 """`transfer_ledger()`: see what this package's arrays moved, and how much.
 
 A ledger is a context manager. While it is open, every transfer a
-`GlobalDeviceArray` makes on the same thread (classified in `_transfer.py`)
+`GlobalDeviceArray` makes on the same thread (classified in `guard.py`)
 appends one `TransferRecord` per user-level operation: one for
 `np.asarray(gda)`, one per array leaf of a `jax.device_put` /
 `jax.device_get` pytree, one per direction for a `from_callback`.
@@ -13,8 +13,8 @@ Mechanism:
   thread that made the transfer (so an inner ledger's records are seen by the
   outer ledgers too). A ledger opened on one thread never sees another
   thread's transfers.
-* With no ledger open anywhere, `_transfer.py` pays one read of the module
-  global `_open_count` per transfer and builds nothing.
+* With no ledger open anywhere, a transfer pays one read of the module
+  global `open_count` per transfer and builds nothing.
 * A transfer the guard blocked, or that failed, records nothing.
 * A record keeps where the user's call is (file, line) as found on the
   stack, and turns it into text (`train.py:42`, `Cell In[3], line 5`) when
@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from jax_sharding_ext._jax.frames import CallSite
-from jax_sharding_ext._notebook import ipython as _ipython
+from jax_sharding_ext._notebook import ipython
 
 _DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
 
 _lock = threading.Lock()
-_open_count = 0
+open_count = 0
 """Number of ledgers open on any thread; 0 means nothing needs recording."""
 
 _local = threading.local()
@@ -52,7 +52,7 @@ def site_text(site: CallSite | None) -> str:
   inside it) or, in a notebook, `Cell In[n], line k`."""
   if site is None:
     return "<unknown>:0"
-  return _ipython.site_text(site.filename, site.lineno)
+  return ipython.site_text(site.filename, site.lineno)
 
 
 class _SiteField:
@@ -126,7 +126,7 @@ class TransferLedger:
     self._stack: list[TransferLedger] | None = None
 
   def __enter__(self) -> TransferLedger:
-    global _open_count
+    global open_count
     if self._stack is not None:
       raise RuntimeError("This transfer ledger is already open; create a new one with "
                          "`jax_sharding_ext.transfer_ledger()`.")
@@ -134,11 +134,11 @@ class TransferLedger:
     stack.append(self)
     self._stack = stack
     with _lock:
-      _open_count += 1
+      open_count += 1
     return self
 
   def __exit__(self, *exc) -> None:
-    global _open_count
+    global open_count
     stack, self._stack = self._stack, None
     if stack is None:
       return
@@ -148,7 +148,7 @@ class TransferLedger:
         del stack[i]
         break
     with _lock:
-      _open_count -= 1
+      open_count -= 1
 
   def totals(self) -> dict[str, tuple[int, int]]:
     """Return `{direction: (count, nbytes)}` over `records`.

@@ -20,45 +20,20 @@ not transfers, so they do not come through here; neither does
 `from_batched_callback_with_devices`, whose callback places the data itself
 (with `jax.device_put`, which stock JAX guards).
 
-Transfer guard. Each transfer is classified (direction; explicit when made
-inside `jax.device_put` / `jax.device_get`, as jaxlib decides, and always for
-the `from_callback` family) and judged against JAX's own guard state for that
-direction, read exactly where jaxlib reads it (thread-local level, else the
-global option, else "allow"), with jaxlib's level table:
-
-=================== ======== ========
-level               implicit explicit
-=================== ======== ========
-allow               allow    allow
-log                 log      allow
-disallow            raise    allow
-log_explicit        log      log
-disallow_explicit   raise    raise
-=================== ======== ========
-
-A disallowed transfer raises `jax.errors.JaxRuntimeError` (a `RuntimeError`,
-the type stock JAX raises) before anything moves; "log" logs a warning on the
-`jax_sharding_ext` logger whose record points at the user's call. Fetching
-from CPU devices is always allowed (seed rule; stock jaxlib applies it to
-every fetch in jax 0.10.2 but not to multi-device arrays in jax 0.12, see
-`jax_transfer.JAXLIB_GUARDS_CPU_FETCH`). Once judged, the move runs
-with jaxlib's own guard suspended on this thread, so a transfer is judged and
-logged once, under this module's classification (jaxlib would judge the
-inner steps differently: on CPU it fetches a reshard through the host and
-calls it host_to_device, and it calls `from_callback` placement implicit).
+Each is classified and judged by the transfer guard (`guard.py`), and
+recorded in the open transfer ledgers (`ledger.py`); with no ledger open and
+every guard level "allow", nothing is built and the move runs as stock's.
+Fetching from CPU devices is always allowed: stock jaxlib applies that rule
+to every fetch in jax 0.10.2 but not to multi-device arrays in jax 0.12 (see
+`jax_transfer.JAXLIB_GUARDS_CPU_FETCH`); a GDA keeps it on both.
 
 As in stock JAX, a fetched value is kept on the host: the first of
 `copy_to_host_async()` / `np.asarray` / `jax.device_get` on a GDA is the
 transfer, later fetches read the host copy and are not transfers.
-
-Ledger. With a `transfer_ledger()` open on this thread, each transfer that
-completes adds one `TransferRecord` (see `_ledger.py`); with none open the
-cost is one module-global read.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -66,14 +41,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_sharding_ext._dispatch import donation as _donation
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import transfer as jax_transfer
-from jax_sharding_ext._transfers import ledger as _ledger
-
-logger = logging.getLogger("jax_sharding_ext")
-"""Where "log" guard levels report GDA transfers (level WARNING)."""
+from jax_sharding_ext._transfers import ledger
+from jax_sharding_ext._transfers.guard import D2D, D2H, H2D, Move, action, guarded
 
 
 def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Sequence[Any]):
@@ -89,7 +61,7 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
     h2d = [i for i, v in enumerate(values) if not isinstance(v, jax.Array)]
     d2d = [i for i, v in enumerate(values)
            if isinstance(v, jax.Array) and not _already_on(v, devices[i])]
-  recording = _ledger._open_count
+  recording = ledger.open_count
   levels = []
   for direction, idx in ((H2D, h2d), (D2D, d2d)):
     if idx:
@@ -103,23 +75,16 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
   itemsize = np.dtype(dtype).itemsize
   moves = []
   for direction, idx, level in levels:
-    action = _ACTIONS[level][True]
-    if action == "allow" and not recording:
-      continue  # suspended below all the same: jaxlib would judge it implicit
+    act = action(level, True)
+    if act == "allow" and not recording:
+      continue  # suspended all the same: jaxlib would judge it implicit
     src = () if direction == H2D else tuple(
         d for i in idx for d in _devices_of(values[i]))
-    moves.append(_Move(direction, True, shape, dtype,
-                       sum(math.prod(np.shape(values[i])) for i in idx) * itemsize,
-                       src, tuple(devices[i] for i in idx), action))
-  _judge(moves)
-  saved = jax_transfer.suspend_transfer_guards()
-  try:
-    out = jax_tables.batched_device_put(shape, dtype, sharding, values, devices)
-  finally:
-    jax_transfer.restore_transfer_guards(saved)
-  if recording:
-    _record(moves)
-  return out
+    moves.append(Move(direction, True, shape, dtype,
+                      sum(math.prod(np.shape(values[i])) for i in idx) * itemsize,
+                      src, tuple(devices[i] for i in idx), act))
+  with guarded(moves):
+    return jax_tables.batched_device_put(shape, dtype, sharding, values, devices)
 
 
 def _all_host_data(values: Sequence[Any]) -> bool:
@@ -128,16 +93,27 @@ def _all_host_data(values: Sequence[Any]) -> bool:
   return not any(issubclass(t, jax.Array) for t in set(map(type, values)))
 
 
-def shard_args(gdas, shardings, layouts, copy_semantics):
-  """Hand GDAs to a computation; stock JAX reshards only where it must."""
-  arrays = [g._checked_array("pass it to a JAX computation") for g in gdas]
-  _donation.check_donated_args(gdas)  # f(donate(x), x): refuse before anything runs
-  moving = _moving_args(arrays, shardings, layouts, copy_semantics)
+def shard_arrays(arrays, shardings, layouts, copy_semantics):
+  """Hand GDAs' arrays to a computation; stock JAX reshards only where it must."""
+  moving = jax_transfer.moving_args(arrays, shardings, layouts, copy_semantics)
   if not moving:  # the common `jax.jit` case: the buffers are handed over as is
     return jax_tables.array_shard_arg(arrays, shardings, layouts, copy_semantics)
   if jax_frames.in_aot_call():
     raise _aot_mismatch_error(arrays, shardings, moving)
-  return _reshard(arrays, shardings, layouts, copy_semantics, moving)
+  level, explicit = jax_transfer.transfer_guard_query(D2D, "explicit_device_put")
+  act = action(level, explicit)
+  moves, in_place = [], []
+  if act != "allow" or ledger.open_count:
+    for i in moving:
+      a, s = arrays[i], shardings[i]
+      dst = tuple(s.addressable_devices_indices_map(a.shape))
+      nbytes = math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize * len(dst)
+      m = Move(D2D, explicit, a.shape, a.dtype, nbytes, _devices_of(a), dst, act)
+      moves.append(m)
+      if jax_transfer.writes_in_place(a, s, layouts[i], copy_semantics[i]):
+        in_place.append(m)  # judged, not recorded
+  with guarded(moves, [m for m in moves if m not in in_place]):
+    return jax_tables.array_shard_arg(arrays, shardings, layouts, copy_semantics)
 
 
 def _aot_mismatch_error(arrays, shardings, moving) -> ValueError:
@@ -194,159 +170,22 @@ def embed_constant(gda, aval):
   return _fetch(gda, arr, lambda: jax_tables.array_constant_handler(arr, aval))
 
 
-# ---------------------------------------------------------------------------
-# Classification, guard decision, logging, recording.
-# ---------------------------------------------------------------------------
-
-H2D, D2D, D2H = jax_transfer.TRANSFER_DIRECTIONS
-
-_ACTIONS: dict[str, tuple[str, str]] = {
-    # level: (action for an implicit transfer, for an explicit one); jaxlib's
-    # `GetTransferGuardAction` table.
-    "allow": ("allow", "allow"),
-    "log": ("log", "allow"),
-    "disallow": ("disallow", "allow"),
-    "log_explicit": ("log", "log"),
-    "disallow_explicit": ("disallow", "disallow"),
-}
-
-def guard_action(direction: str, explicit: bool) -> str:
-  """What JAX's guard says about a transfer now: "allow", "log" or "disallow"."""
-  return _ACTIONS[jax_transfer.transfer_guard_level(direction)][explicit]
-
-
-class _Move:
-  """One classified transfer of one GDA (or one direction of a placement)."""
-
-  __slots__ = ("direction", "explicit", "shape", "dtype", "nbytes", "src", "dst", "action",
-               "_site")
-
-  def __init__(self, direction, explicit, shape, dtype, nbytes, src, dst, action):
-    self.direction = direction
-    self.explicit = explicit
-    self.shape = tuple(shape)
-    self.dtype = np.dtype(dtype)
-    self.nbytes = int(nbytes)
-    self.src = src
-    self.dst = dst
-    self.action = action
-    self._site = None
-
-  def site(self) -> jax_frames.CallSite | None:
-    """The user's call that made this transfer (found once, kept)."""
-    if self._site is None:
-      self._site = jax_frames.user_call_site()
-    return self._site
-
-  def describe(self) -> str:
-    return (f"GlobalDeviceArray(shape={self.shape}, dtype={self.dtype}), "
-            f"{self.nbytes} bytes from {_where(self.src)} to {_where(self.dst)}")
-
-
-def _judge(moves) -> None:
-  """Raise for the first disallowed move (nothing has moved yet), then log."""
-  for m in moves:
-    if m.action == "disallow":
-      raise _disallowed_error(m)
-  for m in moves:
-    if m.action == "log":
-      _log(m)
-
-
-def _record(moves) -> None:
-  # The record keeps the call site; its text is built when first read.
-  for m in moves:
-    _ledger.add(m.direction, m.explicit, m.nbytes, m.shape, m.dtype, m.src, m.dst, m.site())
-
-
-def _moving_args(arrays, shardings, layouts, copy_semantics) -> list[int] | None:
-  """Indices of the arguments whose buffers `_array_shard_arg` would copy.
-
-  Mirrors stock: same placement (`_sharding_indices_and_eq`, same device
-  order) and layout with `REUSE_INPUT` hands the buffers over; anything else
-  copies, and jaxlib guards it as device_to_device (even a copy onto the same
-  devices). Returns None when nothing moves (the common `jax.jit` case, kept
-  to a few attribute reads per argument).
-  """
-  moving = None
-  reuse = jax_transfer.REUSE_INPUT
-  for i in range(len(arrays)):
-    a, s, layout, cs = arrays[i], shardings[i], layouts[i], copy_semantics[i]
-    src = a.sharding
-    if cs is reuse and layout is None and (src is s or src == s):
-      continue
-    if not a.is_fully_addressable:
-      continue  # cannot move; stock raises its own NotImplementedError
-    if (cs is not reuse
-        or (layout is not None and a.format.layout != layout)
-        or not jax_transfer.same_shard_placement(src, s, a.shape)):
-      if moving is None:
-        moving = []
-      moving.append(i)
-  return moving
-
-
-def _reshard(arrays, shardings, layouts, copy_semantics, moving):
-  level, explicit = jax_transfer.transfer_guard_query(D2D, "explicit_device_put")
-  action = _ACTIONS[level][explicit]
-  recording = _ledger._open_count
-  moves = []
-  if action != "allow" or recording:
-    for i in moving:
-      a, s = arrays[i], shardings[i]
-      dst = tuple(s.addressable_devices_indices_map(a.shape))
-      nbytes = math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize * len(dst)
-      m = _Move(D2D, explicit, a.shape, a.dtype, nbytes,
-                tuple(a.sharding.addressable_devices_indices_map(a.shape)), dst, action)
-      # A donation onto the same placement is guarded by jaxlib but writes no
-      # new buffer: judged, not recorded.
-      in_place = (copy_semantics[i] != jax_transfer.ALWAYS_COPY
-                  and (layouts[i] is None or a.format.layout == layouts[i])
-                  and jax_transfer.same_shard_placement(a.sharding, s, a.shape))
-      moves.append((m, in_place))
-    _judge([m for m, _ in moves])
-  saved = jax_transfer.suspend_transfer_guards()
-  try:
-    out = jax_tables.array_shard_arg(arrays, shardings, layouts, copy_semantics)
-  finally:
-    jax_transfer.restore_transfer_guards(saved)
-  if recording:
-    _record([m for m, in_place in moves if not in_place])
-  return out
-
-
 def _fetch(gda, arr, move):
   """Judge, run and record `move`, the fetch of `gda`'s value to the host."""
   level, explicit = jax_transfer.transfer_guard_query(D2H, "explicit_device_get")
-  action = _ACTIONS[level][explicit]
-  judged = action != "allow"  # the guard level acts on this fetch
-  # Seed rule: fetching from CPU devices is always allowed, so no level
-  # applies there.
-  if judged and _fetch_always_allowed(arr):
-    action = "allow"
-  recording = _ledger._open_count
-  m = None
-  if action != "allow":
-    m = _Move(D2H, explicit, arr.shape, arr.dtype, gda.nbytes, _devices_of(arr), (), action)
-    _judge((m,))
-  if judged:
+  act = action(level, explicit)
+  if act != "allow" and _fetch_always_allowed(arr):
+    act = "allow"  # fetching from CPU devices is always allowed
+  if level == "allow" and not ledger.open_count:
+    out = move()  # the usual case: nothing to judge, log or record
+  else:
     # Judged here, so jaxlib must not judge it again: on "log" it would log a
     # second line, and where the CPU rule allowed the fetch, jax 0.12's
     # batched host copy would still guard it (`jax_transfer.JAXLIB_GUARDS_CPU_FETCH`).
-    saved = jax_transfer.suspend_transfer_guards()
-    try:
+    m = Move(D2H, explicit, arr.shape, arr.dtype, gda.nbytes, _devices_of(arr), (), act)
+    with guarded((m,)):
       out = move()
-    finally:
-      jax_transfer.restore_transfer_guards(saved)
-  else:
-    out = move()
   gda._host_fetched = True
-  if recording:
-    if m is None:  # the usual case: only the ledger needs to know
-      _ledger.add(D2H, explicit, gda.nbytes, arr.shape, arr.dtype, _devices_of(arr), (),
-                  jax_frames.user_call_site())
-    else:
-      _record((m,))
   return out
 
 
@@ -363,51 +202,3 @@ def _already_on(v, device) -> bool:
 
 def _devices_of(v) -> tuple:
   return tuple(v.sharding.addressable_devices_indices_map(v.shape))
-
-
-def _where(devices) -> str:
-  if not devices:
-    return "host"
-  ids = [d.id for d in devices]
-  return f"{devices[0].platform} devices {ids}" if len(ids) > 1 else str(devices[0])
-
-
-def _guard_fn(direction: str) -> str:
-  return f"jax.transfer_guard_{direction}"
-
-
-def _log(m: _Move) -> None:
-  if not logger.isEnabledFor(logging.WARNING):
-    return
-  site = m.site()
-  kind = "explicit" if m.explicit else "implicit"
-  msg = (f"{m.direction.replace('_', '-')} transfer ({kind}): {m.describe()}, at "
-         f"{_ledger.site_text(site)}")
-  if site is None:
-    logger.warning(msg)
-    return
-  # The record points at the user's call, not at this module.
-  record = logger.makeRecord(logger.name, logging.WARNING, site.filename, site.lineno,
-                             msg, (), None, site.function)
-  logger.handle(record)
-
-
-def _disallowed_error(m: _Move) -> Exception:
-  level = jax_transfer.transfer_guard_level(m.direction)
-  kind = "explicit" if m.explicit else "implicit"
-  which = "all transfers" if level == "disallow_explicit" else "implicit transfers"
-  if m.explicit:
-    fix = (f"allow it around this call with `with {_guard_fn(m.direction)}(\"allow\"):`")
-  elif m.direction == D2H:
-    fix = ("fetch it explicitly with `jax.device_get(x)`, or allow it with "
-           f"`with {_guard_fn(m.direction)}(\"allow\"):`")
-  else:
-    fix = ("reshard it explicitly first with `jax.device_put(x, sharding)`, or allow it "
-           f"with `with {_guard_fn(m.direction)}(\"allow\"):`")
-  # Same type and message prefix as jaxlib's own guard error.
-  return jax.errors.JaxRuntimeError(
-      f"INVALID_ARGUMENT: Disallowed {m.direction.replace('_', '-')} transfer: "
-      f"{m.describe()} ({kind}, at {_ledger.site_text(m.site())}). The transfer guard level "
-      f"for {m.direction} is {level!r}, which disallows {which}. Nothing was "
-      f"transferred and the array is unchanged; {fix}. See "
-      "https://docs.jax.dev/en/latest/transfer_guard.html")

@@ -1,0 +1,91 @@
+"""Which `jax.Array` objects share device buffers: a GDA's *family*.
+
+A GDA keeps a private `jax.Array` (`gda._arr`) that it never hands out:
+`to_jax_array()` returns a *sibling*, a second `jax.Array` object over the
+same buffers, and `from_jax_array(x)` wraps a sibling of `x`. Siblings share
+deletion and donation (deleting one deletes all), so to the user they are
+one array; to the donation check and jit's fast-path key they are a family,
+the set of objects whose buffers are the same. Knowing the family is what
+lets a call with a GDA whose buffers the program also holds elsewhere keep
+jit's C++ fast path.
+"""
+
+from __future__ import annotations
+
+import weakref as _weakref
+from typing import Any
+
+from jax_sharding_ext._jax import tables as jax_tables
+
+
+class _Family:
+  """The live `jax.Array` objects (weakly held) over one set of buffers."""
+
+  __slots__ = ("members",)
+
+  def __init__(self):
+    self.members: list[_weakref.ref] = []
+
+  def others_alive(self, arr: Any) -> bool:
+    for ref in self.members:
+      m = ref()
+      if m is not None and m is not arr:
+        return True
+    return False
+
+
+_family_of: dict[int, tuple[_weakref.ref, _Family]] = {}
+"""`id(array)` -> (a weak reference to it, its family), for family members."""
+
+
+def _join(arr: Any, family: _Family) -> None:
+  key = id(arr)
+  ref = _weakref.ref(arr, _Forget(key))
+  family.members[:] = [m for m in family.members if m() is not None]
+  family.members.append(ref)
+  _family_of[key] = (ref, family)
+
+
+class _Forget:
+  """Weak-reference callback: drop a dead array's `_family_of` entry."""
+
+  __slots__ = ("key", "table")
+
+  def __init__(self, key: int):
+    self.key, self.table = key, _family_of  # the table, even at shutdown
+
+  def __call__(self, ref: _weakref.ref) -> None:
+    entry = self.table.get(self.key)
+    if entry is not None and entry[0] is ref:
+      del self.table[self.key]
+
+
+def family_of(arr: Any) -> _Family | None:
+  entry = _family_of.get(id(arr))
+  if entry is None or entry[0]() is not arr:
+    return None
+  return entry[1]
+
+
+def buffers_id(arr: Any) -> int:
+  """The same number for every `jax.Array` object over the same buffers."""
+  family = family_of(arr)
+  return id(arr) if family is None else id(family)
+
+
+def sibling_of(gda: Any, arr: Any) -> Any:
+  """A new `jax.Array` over `arr`'s buffers, recorded in `gda`'s family.
+
+  `arr` is the GDA's private array (for `to_jax_array`) or the array a GDA is
+  made from (for `from_jax_array`); either way both end up in one family.
+  """
+  family = family_of(arr)
+  if family is None:
+    family = _Family()
+    _join(arr, family)
+  sibling = jax_tables.sibling_array(arr)
+  _join(sibling, family)
+  gda._family = family
+  return sibling
+
+

@@ -1,0 +1,64 @@
+"""`GlobalDeviceArray`'s entries in JAX's extension tables, each registered
+right under its definition.
+
+* `pytype_aval_mappings`: its aval is the wrapped array's aval, sharding
+  included, so a jitted computation follows the GDA's sharding;
+* `shard_arg_handlers`: refuses a call that donates an array it also reads
+  (`donation.check_donated_args`), then hands the buffers over as JAX's own
+  `jax.Array` handler does, resharding where it must (`_transfers`);
+* canonicalisation: the identity, as for `jax.Array`;
+* MLIR constant handlers: a GDA closed over by a jitted function is fetched
+  and embedded like a `jax.Array`;
+* jit's C++ dispatch registry: warm calls unpack a GDA to its private array;
+* `jax.device_put(gda)` with no target keeps it where it is.
+
+The output flag's result handler is in `output.py`.
+"""
+
+from __future__ import annotations
+
+from jax_sharding_ext._array.gda import GlobalDeviceArray, rebuild
+from jax_sharding_ext._dispatch import donation
+from jax_sharding_ext._jax import dispatch as jax_dispatch
+from jax_sharding_ext._jax import tables as jax_tables
+from jax_sharding_ext._transfers import moves
+
+EDITS: list = []
+
+
+def aval(x: GlobalDeviceArray):
+  return jax_tables.array_aval(x._checked_array("use it in a JAX operation"))
+
+
+EDITS.append(jax_tables.TableEdit("pytype_aval_mappings", jax_tables.pytype_aval_mappings,
+                                  GlobalDeviceArray, aval))
+
+
+def shard_arg(xs, shardings, layouts, copy_semantics):
+  arrays = [g._checked_array("pass it to a JAX computation") for g in xs]
+  donation.check_donated_args(xs)  # f(donate(x), x): refuse before anything runs
+  return moves.shard_arrays(arrays, shardings, layouts, copy_semantics)
+
+
+EDITS.append(jax_tables.TableEdit("shard_arg_handlers", jax_tables.shard_arg_handlers,
+                                  GlobalDeviceArray, shard_arg))
+EDITS.append(jax_tables.CanonicalizeEdit(GlobalDeviceArray))
+
+
+def constant(x: GlobalDeviceArray, aval):
+  # Embedding fetches the value to the host: an implicit transfer.
+  return moves.embed_constant(x, aval)
+
+
+EDITS.append(jax_tables.TableEdit("mlir constant handlers", jax_tables.constant_handlers,
+                                  GlobalDeviceArray, constant))
+EDITS.append(jax_dispatch.DispatchNodeEdit(GlobalDeviceArray, rebuild))
+
+
+def device_put_default(x: GlobalDeviceArray):
+  # `jax.device_put(gda)` keeps a committed array where it is, as for a
+  # `jax.Array` (stock returns it unchanged, or copies it in place).
+  return x._checked_array("pass it to `jax.device_put`").sharding
+
+
+EDITS.append(jax_tables.DevicePutDefaultEdit(GlobalDeviceArray, device_put_default))
