@@ -36,6 +36,7 @@ from jax.experimental import multihost_utils as _stock
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_sharding_ext._array.gda import GlobalDeviceArray
+from jax_sharding_ext._array.records import is_spec_leaf
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 # Stock names that take no array data: the same objects.
@@ -153,10 +154,6 @@ def host_local_array_to_global_array(
   return _rewrap(out, was_gda)
 
 
-def _is_spec_leaf(x: Any) -> bool:
-  return x is None or isinstance(x, PartitionSpec)
-
-
 def _none_as_replicated(pspecs: Any) -> Any:
   """`None` in `pspecs` as `PartitionSpec()`: replicated, as `None` meant in
   GDA-era pjit axis resources (stock multihost_utils rejects `None`)."""
@@ -170,7 +167,7 @@ def _checked_local_inputs(views: Any, global_mesh: Any, pspecs: Any) -> Any:
   (stock fails inside `batched_device_put` for a multi-device array it must
   slice). The check reads only shapes, which are static, so it also runs on
   traced leaves; a traced leaf is handed to stock unchanged."""
-  path_specs, spec_def = jax.tree_util.tree_flatten_with_path(pspecs, is_leaf=_is_spec_leaf)
+  path_specs, spec_def = jax.tree_util.tree_flatten_with_path(pspecs, is_leaf=is_spec_leaf)
   try:
     subtrees = spec_def.flatten_up_to(views)
   except ValueError:

@@ -89,6 +89,7 @@ from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, canonical_shape, layout
 from jax_sharding_ext._checkpoint import args as _args
 from jax_sharding_ext._checkpoint import metadata as _ck
+from jax_sharding_ext._jax import checkpoint as jax_checkpoint
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 __all__ = [
@@ -109,8 +110,8 @@ __all__ = [
 
 TS_CONTEXT = _ck.TS_CONTEXT
 COMMIT_MARKER = _ck.COMMIT_MARKER
-_CHECKPOINT_SUCCESS = _stock._CHECKPOINT_SUCCESS
-_LimitInFlightBytes = _stock._LimitInFlightBytes
+_CHECKPOINT_SUCCESS = jax_checkpoint.CHECKPOINT_SUCCESS
+_LimitInFlightBytes = jax_checkpoint.LimitInFlightBytes
 _spec_has_metadata = _ck.spec_has_metadata
 _get_metadata = _ck.gda_metadata
 _GDA_METADATA = _ck.GDA_METADATA

@@ -26,12 +26,12 @@ import jax
 import numpy as np
 import tensorstore as ts
 from jax.experimental.array_serialization import serialization as _stock
-from jax.experimental.array_serialization import tensorstore_impl as _ts_impl
 
 from jax_sharding_ext._array.gda import GlobalDeviceArray
+from jax_sharding_ext._jax import checkpoint as jax_checkpoint
 
 TS_CONTEXT = _stock.TS_CONTEXT
-spec_has_metadata = _ts_impl._spec_has_metadata
+spec_has_metadata = jax_checkpoint.spec_has_metadata
 
 COMMIT_MARKER = "jax_sharding_ext.uncommitted"
 """Key in an array's kvstore while its checkpoint is not yet committed."""
@@ -85,7 +85,7 @@ def _new_metadata(arr: jax.Array, driver: Any, choice: str) -> dict:
   the zarr driver (the one driver it wrote), stock's otherwise."""
   if choice == GDA_METADATA and driver == "zarr":
     return gda_metadata(arr)
-  return _ts_impl._get_tensorstore_metadata(arr, driver=driver)
+  return jax_checkpoint.tensorstore_metadata(arr, driver=driver)
 
 
 # -- checks without I/O ---------------------------------------------------------------
@@ -282,7 +282,7 @@ async def _check_target(full_spec: dict, at: str, choice: str) -> None:
   any write."""
   try:
     await ts.open(ts.Spec(full_spec), open=True, context=TS_CONTEXT,
-                  chunk_layout=_ts_impl._TS_CHUNK_LAYOUT)
+                  chunk_layout=jax_checkpoint.TS_CHUNK_LAYOUT)
   except ValueError as e:
     reason = str(e).split(" [tensorstore_spec=")[0]  # the spec is long and ours
     if reason.startswith("NOT_FOUND"):

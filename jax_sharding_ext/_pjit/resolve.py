@@ -1,57 +1,144 @@
-"""Argument and spec checks for `pjit` (`_pjit.py`): specs to shardings,
-`FROM_GDA` resolution, argnums / argnames, GDA-era error texts.
+"""Specs to shardings, per call: pure functions of a `PjitSpec`, the context
+mesh and the arguments. Also the GDA-era error texts.
+
+A bare `PartitionSpec` resolves against the mesh of the enclosing `with
+mesh:` block (or `jax.set_mesh(mesh)`), `None` as fully replicated over that
+mesh (unspecified when there is no mesh, as stock pjit does), a `Sharding`
+as is, and `FROM_GDA` as the argument's own sharding (a `GlobalDeviceArray`,
+or a `jax.Array` with a `NamedSharding`).
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec, Sharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_sharding_ext._array.gda import GlobalDeviceArray
-from jax_sharding_ext._array.records import FROM_GDA, _FromGda, _Sentinel
-from jax_sharding_ext._dispatch.donation import rebase_donate_argnums
+from jax_sharding_ext._array.records import _FromGda, is_spec_leaf
+from jax_sharding_ext._array.shard_math import old_spec_repr
+from jax_sharding_ext._pjit.spec import UNSPECIFIED, PjitSpec, check_static_donate
 
 
-class _Unspecified(_Sentinel):
-  _name = "UNSPECIFIED"
+def dynamic_args(spec: PjitSpec, args: tuple) -> tuple[list[int], tuple]:
+  """The positions and values of the non-static positional arguments."""
+  n = len(args)
+  static = {i % n for i in spec.static_pos if -n <= i < n}
+  dyn_pos = [i for i in range(n) if i not in static]
+  return dyn_pos, tuple(args[i] for i in dyn_pos)
 
 
-_UNSPECIFIED = _Unspecified()
+def spec_subtrees(spec: PjitSpec, dyn_args: tuple) -> list:
+  """Each in spec leaf's part of the non-static arguments (a prefix match)."""
+  try:
+    return spec.in_treedef.flatten_up_to(dyn_args)
+  except ValueError as e:
+    raise ValueError(
+        f"`{spec.in_name}` must be a pytree prefix of the non-static positional "
+        f"arguments: got {spec.in_name}={spec.in_specs!r} for {len(dyn_args)} "
+        f"non-static argument(s) with structure "
+        f"{jax.tree_util.tree_structure(dyn_args)}. ({e})") from None
 
 
-def _is_spec_leaf(x: Any) -> bool:
-  return x is None or isinstance(x, (PartitionSpec, Sharding, _FromGda))
+def resolve_out(spec: PjitSpec, mesh: Any) -> Any:
+  """The out shardings for `jax.jit`, or UNSPECIFIED."""
+  if not spec.out_given:
+    return UNSPECIFIED
+  return jax.tree_util.tree_map(lambda s: to_sharding(s, mesh, spec.out_name),
+                                spec.out_specs, is_leaf=is_spec_leaf)
 
 
-def _listify_top(specs: Any) -> Any:
-  # Old pjit turned a top-level list into a tuple (one entry per argument).
-  return tuple(specs) if isinstance(specs, list) else specs
-
-
-def _check_leaves(specs: Any, what: str, *, allow_from_gda: bool) -> tuple[list, Any]:
-  leaves, treedef = jax.tree_util.tree_flatten(specs, is_leaf=_is_spec_leaf)
-  for leaf in leaves:
-    if leaf is FROM_GDA or isinstance(leaf, _FromGda):
-      if not allow_from_gda:
-        raise ValueError(
-            f"`FROM_GDA` is only valid in `in_axis_resources`, not in `{what}`: an "
-            "output has no input array to take a sharding from. Give a "
-            "`PartitionSpec` (or `None` for replicated) for each output.")
+def resolve_in(spec: PjitSpec, mesh: Any, args: tuple) -> Any:
+  """The in shardings for `jax.jit`, or UNSPECIFIED. `args` are read only
+  for `FROM_GDA` leaves."""
+  if not spec.in_given:
+    return UNSPECIFIED
+  if not spec.has_from_gda:
+    return jax.tree_util.tree_map(lambda s: to_sharding(s, mesh, spec.in_name),
+                                  spec.in_specs, is_leaf=is_spec_leaf)
+  dyn_pos, dyn_args = dynamic_args(spec, args)
+  with_paths, _ = jax.tree_util.tree_flatten_with_path(spec.in_specs, is_leaf=is_spec_leaf)
+  resolved = []
+  for (path, leaf_spec), sub in zip(with_paths, spec_subtrees(spec, dyn_args), strict=True):
+    if not isinstance(leaf_spec, _FromGda):
+      resolved.append(to_sharding(leaf_spec, mesh, spec.in_name))
       continue
-    if _is_spec_leaf(leaf):
-      continue
-    hint = ""
-    if isinstance(leaf, str):
-      hint = f" Use `PartitionSpec({leaf!r})` instead of the bare axis name."
+
+    def leaf(subpath, x, path=path):
+      full = (*path, *subpath)
+      if full and isinstance(full[0], jax.tree_util.SequenceKey):
+        where = f"argument {dyn_pos[full[0].idx]}" + jax.tree_util.keystr(tuple(full[1:]))
+      else:
+        where = "argument " + jax.tree_util.keystr(full)
+      return _from_gda_sharding(x, where)
+    resolved.append(jax.tree_util.tree_map_with_path(leaf, sub))
+  return spec.in_treedef.unflatten(resolved)
+
+
+def split_kwargs(spec: PjitSpec, kwargs: dict) -> tuple[tuple, dict]:
+  """(static keyword arguments as a hashable key, the keyword arguments left)."""
+  if not (kwargs and spec.in_given):
+    return (), kwargs
+  dynamic = sorted(k for k in kwargs if k not in spec.static_names)
+  if dynamic:
+    raise ValueError(
+        f"`pjit` with `{spec.in_name}` matches specs to positional arguments, so "
+        f"non-static keyword arguments are not supported; got {dynamic}. Pass "
+        "them positionally, or list them in `static_argnames`.")
+  static_kw = tuple(sorted(kwargs.items()))
+  try:
+    hash(static_kw)
+  except TypeError:
     raise TypeError(
-        f"`{what}` entries must be `PartitionSpec`, `None` (replicated), a "
-        f"`jax.sharding.Sharding`" + (", or `FROM_GDA`" if allow_from_gda else "") +
-        f"; got {leaf!r} ({type(leaf).__name__}) in {what}={specs!r}.{hint}")
-  return leaves, treedef
+        f"Static keyword arguments of `pjit` must be hashable, got {kwargs!r}.") from None
+  return static_kw, {}
+
+
+def check_call(spec: PjitSpec, args: tuple) -> None:
+  """The checks that need the number of arguments."""
+  if spec.negative_nums is not None and args:
+    check_static_donate(*spec.negative_nums, len(args))
+  if spec.in_empty:
+    num_dyn = len(dynamic_args(spec, args)[1])
+    if num_dyn:
+      raise _prefix_error(
+          spec.in_name, spec.in_specs, num_dyn,
+          f"But pjit {spec.in_name} is the wrong length: got a tuple or list of "
+          f"length 0 for an args tuple of length {num_dyn}.")
+
+
+def explain(spec: PjitSpec, mesh: Any, args: tuple) -> ValueError | None:
+  """The old pjit's message if a GDA argument disagrees with the specs."""
+  if not spec.in_given or spec.in_empty:
+    return None
+  try:
+    subtrees = spec_subtrees(spec, dynamic_args(spec, args)[1])
+  except ValueError:
+    return None
+  leaf_specs = jax.tree_util.tree_leaves(spec.in_specs, is_leaf=is_spec_leaf)
+  for leaf_spec, sub in zip(leaf_specs, subtrees, strict=True):
+    for x in jax.tree_util.tree_leaves(sub):
+      if not isinstance(x, GlobalDeviceArray) or x.is_deleted():
+        continue
+      if mesh is not None and x.mesh != mesh:
+        return ValueError(
+            "Pjit's mesh and GDA's mesh should be equal. Got Pjit mesh: "
+            f"{mesh},\n GDA mesh: {x.mesh}. Build the GDA on the mesh of the "
+            "enclosing `with mesh:`, or call pjit under the GDA's mesh.")
+      if isinstance(leaf_spec, _FromGda):
+        continue
+      sharding = to_sharding(leaf_spec, mesh, spec.in_name)
+      if sharding is not None and not sharding.is_equivalent_to(x.sharding, x.ndim):
+        pjit_spec = sharding.spec if isinstance(sharding, NamedSharding) else sharding
+        return ValueError(
+            "Got an input GDA to pjit with different partitioning than specified "
+            f"in the {spec.in_name} argument to pjit. The partitioning must "
+            f"match, or use `jax.experimental.pjit.FROM_GDA` in `{spec.in_name}`. "
+            f"Got GDA spec: {old_spec_repr(x.mesh_axes)} and pjit spec: "
+            f"{old_spec_repr(pjit_spec)} for GDA: GlobalDeviceArray(shape={x.shape}, "
+            f"dtype={x.dtype}). (Here `FROM_GDA` is `jax_sharding_ext.FROM_GDA`.)")
+  return None
 
 
 def _no_mesh_error(spec: Any, what: str) -> ValueError:
@@ -75,7 +162,7 @@ def _check_axes_defined(spec: PartitionSpec, mesh: Any, what: str) -> None:
             "those axis names, or enter the mesh that defines this axis.")
 
 
-def _to_sharding(spec: Any, mesh: Any, what: str) -> Any:
+def to_sharding(spec: Any, mesh: Any, what: str) -> Any:
   """One spec leaf (not FROM_GDA) as what `jax.jit` takes: a Sharding or None."""
   if spec is None:
     return None if mesh is None else NamedSharding(mesh, PartitionSpec())
@@ -118,48 +205,6 @@ def _from_gda_sharding(x: Any, where: str) -> Any:
       f"type {type(x).__name__}: it has no sharding to take. Give a "
       "`PartitionSpec` for it instead, e.g. `in_axis_resources=(FROM_GDA, P('x'))`, "
       "or build it with `GlobalDeviceArray.from_callback(...)`.")
-
-
-def _argnames_tuple(value: Any, name: str) -> tuple[str, ...]:
-  if value is None:
-    return ()
-  if isinstance(value, str):
-    return (value,)
-  value = tuple(value)
-  if not all(isinstance(v, str) for v in value):
-    raise TypeError(f"`{name}` must be a str or a sequence of str, got {value!r}.")
-  return value
-
-
-def _signature_info(fun: Callable) -> tuple[dict[str, int], int | None]:
-  """Positions of `fun`'s positional parameters by name, and their count
-  (None when `fun` takes `*args` or has no signature)."""
-  try:
-    params = list(inspect.signature(fun).parameters.values())
-  except (TypeError, ValueError):
-    return {}, None
-  positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-  fixed = None if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
-  return {p.name: i for i, p in enumerate(positional)}, fixed
-
-
-def _pick_spelling(old: Any, new: Any, old_name: str, new_name: str) -> tuple[str, Any]:
-  """The name and value of whichever spelling of a parameter was given."""
-  if old is not _UNSPECIFIED and new is not _UNSPECIFIED:
-    raise ValueError(
-        f"`pjit` got both `{old_name}` and `{new_name}`; they are the old and new "
-        "names of the same parameter. Pass only one.")
-  if new is not _UNSPECIFIED:
-    return new_name, _listify_top(new)
-  return old_name, _listify_top(old)
-
-
-def _check_static_donate(static: Iterable[int], donate: Iterable[int], num_args: int) -> None:
-  """The old pjit's rule, negative positions included: an argument cannot be
-  both static and donated."""
-  def norm(nums):
-    return [i % num_args for i in nums if -num_args <= i < num_args]
-  rebase_donate_argnums(norm(donate), norm(static))
 
 
 def _prefix_error(name: str, specs: Any, num_dyn: int, detail: str) -> ValueError:

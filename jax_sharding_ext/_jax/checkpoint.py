@@ -1,0 +1,37 @@
+"""The private names of `jax.experimental.array_serialization` that the
+GDA-era checkpoint format needs.
+
+Touches: `serialization._CHECKPOINT_SUCCESS`, `serialization._LimitInFlightBytes`,
+`tensorstore_impl._spec_has_metadata`, `tensorstore_impl._get_tensorstore_metadata`,
+`tensorstore_impl._TS_CHUNK_LAYOUT`. Checked against JAX 0.10.2 (Python 3.11)
+and 0.12.0.1 (Python 3.12). Imported only by `jax_sharding_ext.serialization`
+(tensorstore is an optional extra).
+
+What breaks first when JAX changes: one of these names moving; the import of
+`jax_sharding_ext.serialization` then fails naming it.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.experimental.array_serialization import serialization as _stock
+from jax.experimental.array_serialization import tensorstore_impl as _ts_impl
+
+from jax_sharding_ext._jax import UnsupportedJaxVersionError
+
+try:
+  CHECKPOINT_SUCCESS = _stock._CHECKPOINT_SUCCESS
+  """The file name of the commit marker stock writes."""
+  LimitInFlightBytes = _stock._LimitInFlightBytes
+  """Stock's byte limiter for concurrent reads (the GDA era's `byte_limiter`)."""
+  spec_has_metadata = _ts_impl._spec_has_metadata
+  """Whether a tensorstore spec already carries zarr metadata."""
+  tensorstore_metadata = _ts_impl._get_tensorstore_metadata
+  """Stock's zarr metadata for an array (`(arr, driver=...)`)."""
+  TS_CHUNK_LAYOUT = _ts_impl._TS_CHUNK_LAYOUT
+  """Stock's chunk layout for tensorstore writes."""
+except AttributeError as e:  # pragma: no cover - only on an unsupported JAX
+  raise UnsupportedJaxVersionError(
+      f"jax_sharding_ext.serialization could not find {e.name!r} in "
+      f"jax.experimental.array_serialization of jax {jax.__version__}. This JAX "
+      "release moved it; please report the version.") from e
