@@ -18,8 +18,8 @@ result is deleted after the clock stops, so memory stays bounded. Samples are
 interleaved (`_common.interleaved`) and medians reported as throughput
 (GB/s, 1e9 bytes per second; ratio > 1 is faster than the base).
 
-Targets (issue 6): from_callback >= 0.95x make_array_from_callback
-throughput, and at least 0.5x the physical limit's (within 2x); issue 15:
+Targets: from_callback >= 0.95x make_array_from_callback
+throughput, and at least 0.5x the physical limit's (within 2x);
 >= 1.15x make_array_from_callback with donation intact.
 
 Each measurement runs in a fresh subprocess by default, so the result does
@@ -29,7 +29,7 @@ below); `--in-process` measures in this process instead.
 Where the time goes (measured with JAX 0.10.2 on CPU, 2 cores). Both
 from_callback and make_array_from_callback spend all but < 1 ms of a build in
 one C++ call, `pxla.batched_device_put`; the package's Python
-(`_gda._from_host_values`, `_transfer.place_host_shards`: checks,
+(`_array.construct`, `_transfers.moves.place_host_shards`: checks,
 canonicalisation, guard lookup) is noise. Inside it, jaxlib copies every shard
 (the slices of `P('x', 'y')` are not contiguous, and numpy only aligns to 16
 bytes) into memory that glibc's malloc has just mapped for it: each 32 MiB
@@ -57,7 +57,7 @@ marked deleted either way). What would remove the page faults without
 adoption is process-wide: glibc's mmap threshold (`mallopt`) or huge pages
 for malloc (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, read only at process
 start; glibc >= 2.35). A library should not change either behind its user's
-back, so issue 15's >= 1.15x stays missed; the README gives the variable as
+back, so the >= 1.15x target stays missed; the README gives the variable as
 a tip. Measured with it (glibc 2.36, THP `madvise`): stock 4.3 -> 11.3 GB/s,
 from_callback 4.3 -> 11.0 GB/s (0.97x stock, 0.72x the physical limit). jaxlib's non-default
 `HostBufferSemantics` (which would also stop it adopting the callback's own

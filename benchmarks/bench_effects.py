@@ -20,15 +20,15 @@ And per-shard callbacks: two `jax_sharding_ext.sharded_callback(fn, x)` (one
 host call per shard, with its index and device) against stock's way to make
 the same per-shard calls, two `io_callback(..., ordered=True)` inside a
 `shard_map` that passes each device's mesh position (with stock's token
-set). Target (issue 15): `sharded_callback` within 1.2x of the stock
+set). Target: `sharded_callback` within 1.2x of the stock
 `shard_map` version.
 
 Each sample times a batch of calls followed by `block_until_ready()` on the
 last result and `jax.effects_barrier()`, so every callback has run. Samples of
 the versions are interleaved (`_common.interleaved`: the order flips every
 round) and the median per call is reported, with ratios. Targets:
-`debug.callback` within 1.2x of `io_callback` with the package (issue 3), and
-<= 0.8x stock `io_callback` (issue 15).
+`debug.callback` within 1.2x of `io_callback` with the package, and
+<= 0.8x stock `io_callback`.
 
 Where the time goes (JAX 0.10.2, 8 CPU devices, 2 cores; time stamps in
 the token set, the callback impl and the callbacks, medians over 200 calls

@@ -7,7 +7,7 @@ The difference includes everything `import jax_sharding_ext` does on top of
 `import jax` (its own modules, the `jax._src` modules it pulls in that `import
 jax` does not, `install()`).
 
-Target (issue 6): the package adds less than 10% to `import jax` wall time.
+Target: the package adds less than 10% to `import jax` wall time.
 
 To see what is slow: `.venv/bin/python -X importtime -c "import jax;
 import jax_sharding_ext" 2>&1 | sort -t'|' -k2 -n | tail`.

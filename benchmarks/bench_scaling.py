@@ -324,14 +324,14 @@ ADDED_EXACT = "added by the ledger, move excluded"
 def _ledger_alone(arr, n: int) -> float:
   """What an open ledger adds to a GDA fetch (enter, record, exit), with the move
   itself replaced by a no-op, so a fetch's own variation does not hide it."""
-  from jax_sharding_ext._transfers import moves as _transfer
+  from jax_sharding_ext._transfers import moves
 
   gda, noop = GlobalDeviceArray.from_jax_array(arr), lambda: None
   inner = gda._arr
 
   def judge():
     gda._host_fetched = False  # each call judges (and records) a first fetch
-    _transfer._fetch(gda, inner, noop)
+    moves._fetch(gda, inner, noop)
 
   def judge_in_ledger():
     with jse.transfer_ledger():

@@ -8,13 +8,13 @@ output flag on (outputs come back as GDAs, as GDA-era code had it); the
 `jax.Array` loop with it off. Samples are whole steps (dispatch + compute +
 `block_until_ready`), interleaved; medians reported.
 
-Target (issue 15): GDA / jax.Array <= 1.10x on 1 device and on 8.
+Target: GDA / jax.Array <= 1.10x on 1 device and on 8.
 
 Where the time goes (small state, 1 device, JAX 0.10.2; a step is ~85 us
 for `jax.Array` on a quiet machine): the GDA step adds ~13 us, in two equal
 parts. Dispatch: jit's C++ path calls the package's flatten function for
-each GDA argument (its sole-owner key, `_donation.dispatch_flatten`) and its
-unflatten function for each GDA output (`_gda._rebuild`): ~0.3 us a leaf,
+each GDA argument (its sole-owner key, `_jax.dispatch.view_flatten`) and its
+unflatten function for each GDA output (`_array.gda.rebuild`): ~0.3 us a leaf,
 ~6.5 us for 20 (dispatch alone: ~25 us against ~18.5 us). And
 `jax.block_until_ready`: stock waits for all `jax.Array` leaves in one C++
 call (`batched_block_until_ready`, ~4 us for 20) and calls each other leaf's

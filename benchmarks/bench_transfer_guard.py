@@ -1,8 +1,8 @@
 """Cost of transfer-guard checks and of the (inactive) transfer ledger.
 
-Target (issue 4): under 2 us added per operation.
+Target: under 2 us added per operation.
 
-* guard check: what `_transfer` adds to one GDA implicit transfer, with the
+* guard check: what `_transfers` adds to one GDA implicit transfer, with the
   move itself replaced by a no-op (the precise number), and the one check
   an inactive ledger costs.
 * implicit fetch end to end: `np.asarray(x)` of a fresh array (the first
@@ -29,10 +29,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext as jse
+from jax_sharding_ext._dispatch import handlers
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import transfer as jax_transfer
-from jax_sharding_ext._transfers import ledger as _ledger
-from jax_sharding_ext._transfers import moves as _transfer
+from jax_sharding_ext._transfers import ledger as ledger_module
+from jax_sharding_ext._transfers import moves
 
 
 def _fresh_arrays(mesh, shape, count):
@@ -54,7 +55,7 @@ def run(n: int = 2000, warmup: int = 100) -> list[dict]:
   devs = jax.devices()
   noop = lambda: None
 
-  # 1. What the guard adds to one GDA implicit transfer: `_transfer._fetch`
+  # 1. What the guard adds to one GDA implicit transfer: `moves._fetch`
   #    with the move itself replaced by a no-op (decision + CPU rule + ledger
   #    check + bookkeeping). A jax.Array pays its check inside jaxlib's C++.
   mesh = Mesh(np.array(devs).reshape(4, 2), ("x", "y"))
@@ -62,8 +63,8 @@ def run(n: int = 2000, warmup: int = 100) -> list[dict]:
   arr = gda.to_jax_array()
   res = _common.interleaved({
       "no-op move": noop,
-      "guard check + no-op move": lambda: _transfer._fetch(gda, arr, noop),
-      "inactive ledger check": lambda: _ledger.open_count != 0,
+      "guard check + no-op move": lambda: moves._fetch(gda, arr, noop),
+      "inactive ledger check": lambda: ledger_module.open_count != 0,
   }, n=20000, warmup=1000)
   rows += _common.report("guard check on a GDA implicit fetch, move excluded", res,
                          "no-op move")
@@ -105,8 +106,8 @@ def run(n: int = 2000, warmup: int = 100) -> list[dict]:
   arrs, gdas, ss, nones, cs = [arr], [gda], [s], [None], [reuse]
   res = _common.interleaved({
       "jax.Array shard_arg": lambda: jax_tables.array_shard_arg(arrs, ss, nones, cs),
-      "GDA shard_args": lambda: _transfer.shard_args(gdas, ss, nones, cs),
-      "GDA transfer test alone": lambda: _transfer._moving_args(arrs, ss, nones, cs),
+      "GDA shard_arg handler": lambda: handlers.shard_arg(gdas, ss, nones, cs),
+      "GDA transfer test alone": lambda: jax_transfer.moving_args(arrs, ss, nones, cs),
   }, n=n, warmup=warmup)
   rows += _common.report("shard_args, matching sharding, 8 devices (no transfer)", res,
                          "jax.Array shard_arg")

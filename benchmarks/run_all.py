@@ -65,7 +65,6 @@ class _Rows:
 
 @dataclass
 class Target:
-  issue: int | None  # None: shown as "-"
   what: str
   goal: str
   measure: Callable[[_Rows], float]
@@ -79,14 +78,14 @@ def _ratio(title, num, den):
 
 
 def _dispatch(n_dev: int, case: str, limit: float) -> Target:
-  return Target(6, f"dispatch, {n_dev} device(s), {case}: GDA / jax.Array",
+  return Target(f"dispatch, {n_dev} device(s), {case}: GDA / jax.Array",
                 f"<= {limit}x", _ratio(f"dispatch, {n_dev} device(s), {case}",
                                       "GlobalDeviceArray", "jax.Array"),
                 "{:.2f}x", lambda v, limit=limit: v <= limit)
 
 
 def _shared(n_dev: int, case: str, variant: str) -> Target:
-  return Target(20, f"shared buffers, {n_dev} device(s), {case}: {variant} / sole owner",
+  return Target(f"shared buffers, {n_dev} device(s), {case}: {variant} / sole owner",
                 "<= 1.15x", _ratio(f"shared buffers, {n_dev} device(s), {case}",
                                   variant, "sole owner"),
                 "{:.2f}x", lambda v: v <= 1.15)
@@ -97,7 +96,7 @@ def _ledger_added(title: str) -> Callable[[_Rows], float]:
 
 
 def _ledger_targets() -> list[Target]:
-  return [Target(None, f"open ledger, added per recorded transfer, {case} (enter + record "
+  return [Target(f"open ledger, added per recorded transfer, {case} (enter + record "
                  "+ exit; median of paired differences)", "<= 10 us",
                  _ledger_added(f"ledger on a GDA implicit fetch, {case}"), "{:.2f} us",
                  lambda v: v <= 10)
@@ -135,24 +134,24 @@ def _scaling_targets() -> list[Target]:
   """The scaling curves of benchmarks/bench_scaling.py (tables in the report)."""
   gda, stock = "GlobalDeviceArray", "jax.Array"
   cases = [f"flag {f}, {d}" for f in ("off", "on") for d in ("not donated", "donated")]
-  out = [Target(None, f"jit dispatch, 1-1,000 (4, 4) leaves, {c}: GDA / jax.Array, worst "
+  out = [Target(f"jit dispatch, 1-1,000 (4, 4) leaves, {c}: GDA / jax.Array, worst "
                 "point", "<= 1.15x", _worst("dispatch", gda, c), "{:.2f}x", lambda v: v <= 1.15)
          for c in cases]
-  out.append(Target(None, "jit dispatch per-leaf cost flat: GDA/jax.Array ratio at 1,000 "
+  out.append(Target("jit dispatch per-leaf cost flat: GDA/jax.Array ratio at 1,000 "
                     "leaves / at 100, worst case", "<= 1.10x", _growth, "{:.2f}x",
                     lambda v: v <= 1.10))
-  out += [Target(None, f"{name}, 1-512 devices, 2 MiB: throughput / "
+  out += [Target(f"{name}, 1-512 devices, 2 MiB: throughput / "
                  "make_array_from_callback, worst point", ">= 0.95x",
                  _worst("construction", f"GlobalDeviceArray.{name}", worst=min), "{:.2f}x",
                  lambda v: v >= 0.95)
           for name in ("from_callback", "from_batched_callback")]
-  out.append(Target(None, "layout picture (`_repr_html_`), 512 shards", "< 50 ms",
+  out.append(Target("layout picture (`_repr_html_`), 512 shards", "< 50 ms",
                     lambda r: _curve(r, "picture", variant="GlobalDeviceArray._repr_html_")
                     [512]["median"], "{:.1f} ms", lambda v: v < 50))
-  out += [Target(None, f"implicit fetch / guarded reshard, 1-512 shards: {c}, GDA / "
+  out += [Target(f"implicit fetch / guarded reshard, 1-512 shards: {c}, GDA / "
                  f"{stock}, worst point (reference)", "-", _worst("transfers", gda, c),
                  "{:.2f}x", None) for c in ("implicit fetch", "guarded reshard")]
-  out += [Target(None, f"checkpoint {what}, 1 MiB-1 GiB over 8 devices: GDA / stock "
+  out += [Target(f"checkpoint {what}, 1 MiB-1 GiB over 8 devices: GDA / stock "
                  "(same format), worst point", ">= 0.95x",
                  _worst("checkpoint", case=what, worst=min), "{:.2f}x", lambda v: v >= 0.95)
           for what in ("save", "restore")]
@@ -165,33 +164,33 @@ _DONATION = "donation: peak live bytes"
 _CONSTRUCTION = "construction throughput"
 
 TARGETS: list[Target] = [
-    Target(3, "2 ordered `jax.debug.callback` / 2 ordered `io_callback`, 8 devices, per call",
+    Target("2 ordered `jax.debug.callback` / 2 ordered `io_callback`, 8 devices, per call",
            "<= 1.2x", _ratio("ordered effects", "debug.callback x2 (ordered)",
                              "io_callback x2 (ordered)"),
            "{:.2f}x", lambda v: v <= 1.2),
-    Target(15, "2 ordered `jax.debug.callback` / 2 ordered `io_callback` with stock JAX's "
+    Target("2 ordered `jax.debug.callback` / 2 ordered `io_callback` with stock JAX's "
            "tokens, 8 devices, per call", "<= 0.8x",
            _ratio("ordered effects", "debug.callback x2 (ordered)",
                   "io_callback x2 (ordered), stock tokens"),
            "{:.2f}x", lambda v: v <= 0.8,
            "see the docstring of benchmarks/bench_effects.py"),
-    Target(4, "guard check added to a GDA implicit fetch (move excluded)", "< 2 us",
+    Target("guard check added to a GDA implicit fetch (move excluded)", "< 2 us",
            lambda r: r.median(_GUARD, "guard check + no-op move") - r.median(_GUARD, "no-op move"),
            "{:.2f} us", lambda v: v < 2),
-    Target(4, "inactive ledger check, added per operation", "< 2 us",
+    Target("inactive ledger check, added per operation", "< 2 us",
            lambda r: r.median(_GUARD, "inactive ledger check") - r.median(_GUARD, "no-op move"),
            "{:.2f} us", lambda v: v < 2),
-    Target(4, "whole GDA implicit fetch vs jax.Array's, (8, 2), 1 device, added", "< 2 us",
+    Target("whole GDA implicit fetch vs jax.Array's, (8, 2), 1 device, added", "< 2 us",
            lambda r: (r.median(_FETCH1, "GlobalDeviceArray np.asarray")
                       - r.median(_FETCH1, "jax.Array np.asarray")),
            "{:.2f} us", lambda v: v < 2),
-    Target(5, "peak live bytes: GDA+donation / jax.Array+donation", "<= 1.05x",
+    Target("peak live bytes: GDA+donation / jax.Array+donation", "<= 1.05x",
            _ratio(_DONATION, "GDA, donate=True", "jax.Array, donate=True"),
            "{:.3f}x", lambda v: v <= 1.05),
-    Target(5, "peak live bytes: GDA+donation / GDA without donation", "about 0.5x (0.45-0.55)",
+    Target("peak live bytes: GDA+donation / GDA without donation", "about 0.5x (0.45-0.55)",
            _ratio(_DONATION, "GDA, donate=True", "GDA, donate=False"),
            "{:.3f}x", lambda v: abs(v - 0.5) <= 0.05),
-    *(Target(20, f"shared buffers, {n_dev} device(s), {case}: C++ cache entries added by "
+    *(Target(f"shared buffers, {n_dev} device(s), {case}: C++ cache entries added by "
              "500 calls", "0", lambda r, t=f"shared buffers, {n_dev} device(s), {case}":
              r.median(t, "cache entries added by 500 calls"), "{:.0f}", lambda v: v == 0)
       for n_dev in (1, 8) for case in ("no donation", "donating step")),
@@ -205,49 +204,49 @@ TARGETS: list[Target] = [
       for case, variant in (("no donation", "made from a kept jax.Array"),
                             ("no donation", "to_jax_array() kept"),
                             ("donating step", "batch made from a kept jax.Array"))),
-    Target(6, "construction throughput: from_callback / make_array_from_callback", ">= 0.95x",
+    Target("construction throughput: from_callback / make_array_from_callback", ">= 0.95x",
            _ratio(_CONSTRUCTION, "GlobalDeviceArray.from_callback",
                   "jax.make_array_from_callback"),
            "{:.2f}x", lambda v: v >= 0.95),
-    Target(15, "construction throughput, donation intact: from_callback / "
+    Target("construction throughput, donation intact: from_callback / "
            "make_array_from_callback", ">= 1.15x",
            _ratio(_CONSTRUCTION, "GlobalDeviceArray.from_callback",
                   "jax.make_array_from_callback"),
            "{:.2f}x", lambda v: v >= 1.15,
            "see \"Where the time goes\" in benchmarks/bench_construction.py"),
-    Target(6, "construction throughput: from_callback / numpy copy (physical limit)",
+    Target("construction throughput: from_callback / numpy copy (physical limit)",
            ">= 0.5x (within 2x)",
            _ratio(_CONSTRUCTION, "GlobalDeviceArray.from_callback",
                   "numpy copy (physical limit)"),
            "{:.2f}x", lambda v: v >= 0.5,
            "see \"Where the time goes\" in benchmarks/bench_construction.py"),
-    Target(6, "(reference) construction throughput: stock make_array_from_callback / "
+    Target("(reference) construction throughput: stock make_array_from_callback / "
            "numpy copy", "-",
            _ratio(_CONSTRUCTION, "jax.make_array_from_callback",
                   "numpy copy (physical limit)"),
            "{:.2f}x", None),
-    Target(12, "checkpoint save, 256 MiB over 8 devices: GDA / stock jax.Array (GB/s)",
+    Target("checkpoint save, 256 MiB over 8 devices: GDA / stock jax.Array (GB/s)",
            ">= 0.95x", _ratio("checkpoint save", "serialization.run_serialization (GDA)",
                               "stock run_serialization"),
            "{:.2f}x", lambda v: v >= 0.95),
-    Target(12, "checkpoint restore, 256 MiB over 8 devices: GDA / stock jax.Array (GB/s)",
+    Target("checkpoint restore, 256 MiB over 8 devices: GDA / stock jax.Array (GB/s)",
            ">= 0.95x", _ratio("checkpoint restore", "serialization.run_deserialization (GDA)",
                               "stock run_deserialization"),
            "{:.2f}x", lambda v: v >= 0.95),
-    Target(15, "2 sharded_callback / 2 ordered io_callback in shard_map, 8 devices, per call",
+    Target("2 sharded_callback / 2 ordered io_callback in shard_map, 8 devices, per call",
            "<= 1.2x", _ratio("per-shard callbacks", "sharded_callback x2",
                              "io_callback x2 in shard_map (ordered)"),
            "{:.2f}x", lambda v: v <= 1.2),
-    Target(15, "open ledger, added per recorded transfer (enter + record + exit)", "<= 15 us",
+    Target("open ledger, added per recorded transfer (enter + record + exit)", "<= 15 us",
            lambda r: (r.median("ledger on a GDA implicit fetch", "GDA fetch in its own ledger")
                       - r.median("ledger on a GDA implicit fetch", "GDA fetch, no ledger open")),
            "{:.2f} us", lambda v: v <= 15),
-    *[Target(15, f"training loop, {d} device(s), 20 donated leaves, {size}: GDA / jax.Array",
+    *[Target(f"training loop, {d} device(s), 20 donated leaves, {size}: GDA / jax.Array",
              "<= 1.10x", _ratio(f"training loop, {d} device(s), 20 donated leaves, {size}",
                                 "GlobalDeviceArray", "jax.Array"),
              "{:.2f}x", lambda v: v <= 1.10)
       for d in (1, 8) for size in ("big", "small")],
-    Target(6, "import time added by `import jax_sharding_ext` to `import jax`", "< 10%",
+    Target("import time added by `import jax_sharding_ext` to `import jax`", "< 10%",
            lambda r: 100 * (r.median("import time", "import jax; import jax_sharding_ext")
                             / r.median("import time", "import jax") - 1),
            "{:.1f}%", lambda v: v < 10),
@@ -329,11 +328,11 @@ def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: boo
       "",
       "## Targets",
       "",
-      "| Issue | Target | Goal | Measured | Status |",
-      "|---|---|---|---|---|",
+      "| Target | Goal | Measured | Status |",
+      "|---|---|---|---|",
   ]
   for t, measured, status in results:
-    lines.append(f"| {'-' if t.issue is None else t.issue} | {_cell(t.what)} | "
+    lines.append(f"| {_cell(t.what)} | "
                  f"{_cell(t.goal)} | {measured} | {status} |")
   lines += ["", *_scaling_section(path, rows)]
   lines += [
@@ -399,8 +398,7 @@ def main() -> int:
                          seconds=seconds, failures=failures)
   print(f"\n=== targets (written to {os.path.relpath(args.output)})")
   for t, measured, status in results:
-    issue = "" if t.issue is None else f"issue {t.issue}: "
-    print(f"  [{status.split(' (')[0]:>12}] {issue}{t.what}: {measured} (goal {t.goal})")
+    print(f"  [{status.split(' (')[0]:>12}] {t.what}: {measured} (goal {t.goal})")
   print(f"total {sum(seconds.values()):.0f} s")
   return 1 if failures else 0
 

@@ -5,7 +5,7 @@ Every change this package makes to JAX (an entry in a table keyed by type, a
 member of an effect-type set, a wrapped lowering rule, the runtime token set,
 a traceback exclusion, an IPython hook) is an `Edit`. Each capability builds
 its edits next to the handlers they register, as JAX registers a handler
-right under its definition, and lists them in its sub-package's `EDITS`;
+right under its definition, and lists them in its module's `EDITS`;
 `_install.py` applies them in order and reverts them in reverse order.
 
 Some registrations cannot be undone (JAX's C++ canonicalisation registry and

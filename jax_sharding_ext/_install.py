@@ -31,16 +31,26 @@ import time
 
 import jax
 
-from jax_sharding_ext import _dispatch, _effects, _notebook
+from jax_sharding_ext._dispatch import handlers, output
 from jax_sharding_ext._edit import STATE
+from jax_sharding_ext._effects import barrier, lowering, user_effects
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
+from jax_sharding_ext._notebook import cell_hook
 
 _lock = threading.RLock()
 
-EDITS = [*_dispatch.EDITS, *_effects.EDITS, *_notebook.EDITS,
-         jax_tracebacks.TracebackExclusionEdit()]
-"""Every edit of every capability, in the order `install()` applies them."""
+EDITS = [
+    *handlers.EDITS,  # GlobalDeviceArray in JAX's tables
+    *output.EDITS,  # the output flag's result handler
+    *lowering.EDITS,  # ordered debug effects over several devices
+    *barrier.EDITS,  # every thread's runtime tokens
+    *user_effects.EDITS,  # effects declared with `declare_effect` / `mark_shardable`
+    *cell_hook.EDITS,  # the end-of-cell barrier under IPython
+    jax_tracebacks.TracebackExclusionEdit(),  # the package's frames filtered from tracebacks
+]
+"""Every edit of every capability (each module lists its own in `EDITS`, next
+to the handlers they register), in the order `install()` applies them."""
 
 _ever_installed = False
 

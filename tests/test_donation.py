@@ -1,4 +1,4 @@
-"""Buffer donation of GlobalDeviceArrays (`donate_argnums`, seed 004)."""
+"""Buffer donation of GlobalDeviceArrays (`donate_argnums`)."""
 
 import jax
 import jax.numpy as jnp
@@ -332,7 +332,7 @@ def test_same_gda_twice_without_donation_is_fine(mesh_2d):
 
 
 # ---------------------------------------------------------------------------
-# donation_vector / rebase_donate_argnums (seed 004).
+# donation_vector / rebase_donate_argnums.
 # ---------------------------------------------------------------------------
 
 
@@ -356,7 +356,7 @@ def test_donation_vector_rejects_bad_argnums():
 
 
 def test_rebase_donate_argnums_seed_examples():
-  assert rebase_donate_argnums((3, 4), (0, 1)) == (1, 2)  # the seed's doctest
+  assert rebase_donate_argnums((3, 4), (0, 1)) == (1, 2)  # the docstring's example
   assert rebase_donate_argnums((2, 0), ()) == (0, 2)
   assert rebase_donate_argnums((), (0, 1)) == ()
   assert rebase_donate_argnums((1, 1, 3), (2,)) == (1, 2)

@@ -852,8 +852,8 @@ print("CALLS", len(calls))
 
 @pytest.mark.parametrize("kind", ["debug", "ordered", "print", "io", "sharded", "sharded_eager"])
 def test_effects_barrier_inside_a_callback_returns(kind):
-  """Stock `jax.effects_barrier()` returns inside a host callback; ours hung
-  there, waiting for the computation running the callback (DESIGN, settled)."""
+  """Stock `jax.effects_barrier()` returns inside a host callback; so does
+  ours: it must not wait for the computation running the callback."""
   proc = subprocess.run([sys.executable, "-c", _BARRIER_IN_CALLBACK_SCRIPT, kind],
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -875,7 +875,7 @@ def test_host_callback_and_pmap_code_objects_are_found():
 def test_pmap_keeps_stocks_rejection_of_ordered_effects(wrap, ordered_kind):
   """Stock raises "The following ordered effects are not supported for more
   than 1 device" for an ordered print in `jax.pmap`; the package does not
-  widen that (DESIGN, settled)."""
+  widen that."""
   def body(x):
     if ordered_kind == "print":
       jax.debug.print("v {}", x, ordered=True)

@@ -302,7 +302,8 @@ def _reversed(mesh):
 @pytest.mark.parametrize("target", ["other spec", "other device order"])
 def test_aot_executable_refuses_another_sharding(mesh_2d, target):
   """Stock `Compiled.__call__` raises ValueError for a `jax.Array` whose
-  sharding differs from the compiled one; it used to reshard a GDA."""
+  sharding differs from the compiled one; a GDA gets the same error
+  rather than a silent reshard."""
   s = (NamedSharding(mesh_2d, P("x")) if target == "other spec"
        else NamedSharding(_reversed(mesh_2d), P("x", "y")))
   g = _gda(mesh_2d)

@@ -125,15 +125,15 @@ def test_ipython_hook_registers_once_obeys_the_flag_and_uninstalls():
       shell = InteractiveShell.instance()
       import jax
       import jax_sharding_ext as jse
-      from jax_sharding_ext._effects import barrier as _barrier
-      from jax_sharding_ext._notebook import cell_hook as _notebook
+      from jax_sharding_ext._effects import barrier
+      from jax_sharding_ext._notebook import cell_hook
       hooks = lambda: [f for f in shell.events.callbacks["post_run_cell"]
-                       if f is _notebook._end_of_cell]
+                       if f is cell_hook._end_of_cell]
       assert len(hooks()) == 1
       jse.install()
       assert len(hooks()) == 1
       calls = []
-      _barrier.effects_barrier = lambda: calls.append(1)
+      barrier.effects_barrier = lambda: calls.append(1)
       shell.run_cell("1 + 1")
       assert calls == [1], calls
       jax.config.update("jax_sharding_ext_cell_effects_barrier", False)

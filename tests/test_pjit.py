@@ -1,4 +1,4 @@
-"""The legacy `pjit` front door over stock `jax.jit` (seeds 001, 003)."""
+"""The legacy `pjit` front door over stock `jax.jit`."""
 
 import contextlib
 
@@ -40,7 +40,7 @@ def _gda(mesh, spec=XY, shape=(8, 2), dtype=np.float32):
 
 
 def test_seed_003_docstring_example(devices):
-  # The GlobalDeviceArray docstring example (seed 003), adapted only in imports.
+  # The GlobalDeviceArray docstring example, adapted only in imports.
   from jax_sharding_ext import GlobalDeviceArray, Mesh, pjit
   from jax_sharding_ext import PartitionSpec as P
 

@@ -1,4 +1,4 @@
-"""Shard math: seed semantics, agreement with stock NamedSharding, bad input."""
+"""Shard math: GDA-era semantics, agreement with stock NamedSharding, bad input."""
 
 import itertools
 

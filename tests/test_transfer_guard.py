@@ -4,7 +4,7 @@ Table-driven like JAX's `tests/transfer_guard_test.py`: each row of
 `_ROWS` is one user-level transfer of a GDA, named, with its direction and
 whether it is explicit. Every row runs under every guard level, set three
 ways (the direction's context manager, `jax.transfer_guard`, the global
-config option), and the outcome must follow the seed's table:
+config option), and the outcome must follow jaxlib's level table:
 
   level              implicit   explicit
   allow              allow      allow
@@ -13,8 +13,8 @@ config option), and the outcome must follow the seed's table:
   log_explicit       log        log
   disallow_explicit  raise      raise
 
-Fetching from CPU devices is always allowed (seed rule), so device_to_host
-rows run with `_transfer._fetch_always_allowed` patched to act as an
+Fetching a GDA from CPU devices is always allowed, so device_to_host
+rows run with `moves._fetch_always_allowed` patched to act as an
 accelerator; the CPU rule itself has its own tests. host_to_device and
 device_to_device rows move real data between the 8 CPU devices.
 """
@@ -38,9 +38,9 @@ from jax.sharding import PartitionSpec as P
 import jax_sharding_ext as jse
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import transfer as jax_transfer
-from jax_sharding_ext._notebook import ipython as _ipython
-from jax_sharding_ext._transfers import ledger as _ledger
-from jax_sharding_ext._transfers import moves as _transfer
+from jax_sharding_ext._notebook import ipython
+from jax_sharding_ext._transfers import ledger as ledger_module
+from jax_sharding_ext._transfers import moves
 
 GDA = jse.GlobalDeviceArray
 HERE = os.path.relpath(__file__)  # sites read relative to the working directory
@@ -48,7 +48,7 @@ LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
 DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
 GUARD_OPTIONS = ("jax_transfer_guard", "jax_transfer_guard_host_to_device",
                  "jax_transfer_guard_device_to_device", "jax_transfer_guard_device_to_host")
-# The seed's table, written out independently of the implementation.
+# jaxlib's level table, written out independently of the implementation.
 EXPECTED = {
     ("allow", False): "allow", ("allow", True): "allow",
     ("log", False): "log", ("log", True): "allow",
@@ -68,14 +68,14 @@ def _clean_guard_state():
   yield
   for name in GUARD_OPTIONS:
     jax.config.update(name, None)
-  assert _ledger.open_count == 0
-  assert _ledger.open_ledgers() == []
+  assert ledger_module.open_count == 0
+  assert ledger_module.open_ledgers() == []
 
 
 @pytest.fixture
 def accelerator_fetch(monkeypatch):
   """Make device_to_host fetches subject to the guard, as on a GPU/TPU."""
-  monkeypatch.setattr(_transfer, "_fetch_always_allowed", lambda arr: False)
+  monkeypatch.setattr(moves, "_fetch_always_allowed", lambda arr: False)
 
 
 @pytest.fixture
@@ -448,8 +448,8 @@ def test_stock_sharded_cpu_fetch_matches_compat_flag(mesh_2d):
 
   jax 0.10.2 exempts every CPU fetch from the guard; jax 0.12's batched host
   copy guards a multi-device CPU `jax.Array` (single-device ones stay exempt).
-  `jax_transfer.JAXLIB_GUARDS_CPU_FETCH` must say which, since `_transfer` relies on
-  it being understood (the GDA keeps the seed's CPU rule on both, see above).
+  `jax_transfer.JAXLIB_GUARDS_CPU_FETCH` must say which, since `_transfers` relies on
+  it being understood (the GDA keeps the CPU rule on both, see above).
   """
   sharded = _gda(mesh_2d).to_jax_array()
   single = jax.device_put(DATA, jax.devices()[0])
@@ -463,7 +463,7 @@ def test_stock_sharded_cpu_fetch_matches_compat_flag(mesh_2d):
 
 
 def test_fetched_value_is_not_fetched_again(mesh_2d, accelerator_fetch):
-  """As stock: once on the host, later reads are not transfers (seed example)."""
+  """As stock: once on the host, later reads are not transfers."""
   g = _gda(mesh_2d)
   np.asarray(g)
   with jse.transfer_ledger() as ledger, jax.transfer_guard("disallow_explicit"):
@@ -599,7 +599,7 @@ def test_ledger_placement_bytes_match_device_buffers(spec, mesh_2d):
   assert rec.nbytes == _shard_bytes(g.to_jax_array())  # every replica counts
   # `_gda` (this file) is the user's code that called `from_callback`.
   site = f"{HERE}:{inspect.getsourcelines(_gda)[1] + 1}"
-  assert rec == _ledger.TransferRecord(
+  assert rec == ledger_module.TransferRecord(
       direction="host_to_device", explicit=True, nbytes=rec.nbytes, shape=(8, 2),
       dtype=np.dtype(np.float32), src=(), dst=tuple(mesh_2d.devices.flat), site=site)
 
@@ -617,8 +617,8 @@ def test_ledger_site_text_is_built_when_read_and_kept(mesh_2d, monkeypatch, tmp_
   # Recording keeps the call site; the text is built on first read, once.
   g, g2 = _gda(mesh_2d), _gda(mesh_2d)
   built = []
-  real = _ipython.site_text
-  monkeypatch.setattr(_ipython, "site_text",
+  real = ipython.site_text
+  monkeypatch.setattr(ipython, "site_text",
                       lambda filename, lineno: built.append(lineno) or real(filename, lineno))
   with jse.transfer_ledger() as ledger:
     line = inspect.currentframe().f_lineno + 1
@@ -646,17 +646,17 @@ def test_ledger_site_text_is_built_when_read_and_kept(mesh_2d, monkeypatch, tmp_
 
 def test_ledger_site_without_a_user_frame_and_in_a_notebook_cell(mesh_2d, monkeypatch):
   site = jax_frames.CallSite("/tmp/ipykernel_1/123.py", 4, "<module>")
-  record = _ledger.TransferRecord("device_to_host", False, 4, (1,), np.dtype(np.float32),
+  record = ledger_module.TransferRecord("device_to_host", False, 4, (1,), np.dtype(np.float32),
                                   (), (), site)
 
-  class Shell:  # what `_ipython.shell()` reads of a running IPython
+  class Shell:  # what `ipython.shell()` reads of a running IPython
     class compile:
       _filename_map = {"/tmp/ipykernel_1/123.py": 3}
 
-  monkeypatch.setattr(_ipython, "shell", lambda: Shell)
+  monkeypatch.setattr(ipython, "shell", lambda: Shell)
   kept = pickle.loads(pickle.dumps(record))  # before its first read: the site travels
   assert record.site == "Cell In[3], line 4" and kept == record
-  assert _ledger.TransferRecord("device_to_host", False, 4, (1,), np.dtype(np.float32),
+  assert ledger_module.TransferRecord("device_to_host", False, 4, (1,), np.dtype(np.float32),
                                 (), (), None).site == "<unknown>:0"
 
 
@@ -769,16 +769,18 @@ def test_blocked_transfer_records_nothing_and_ledger_closes_on_error(mesh_2d):
     with jse.transfer_ledger() as ledger, jax.transfer_guard("disallow_explicit"):
       jax.device_put(g, NamedSharding(mesh_2d, P("x")))
   assert ledger.records == []
-  assert _ledger.open_count == 0 and _ledger.open_ledgers() == []
+  assert ledger_module.open_count == 0 and ledger_module.open_ledgers() == []
   with pytest.raises(RuntimeError, match="already open"):
     with ledger:
       with ledger:
         pass
 
 
-def test_public_exports():
-  assert jse.transfer_ledger is _ledger.transfer_ledger
-  assert jse.TransferRecord is _ledger.TransferRecord
+def test_public_exports(mesh_2d):
+  g = _gda(mesh_2d)
+  with jse.transfer_ledger() as ledger:
+    np.asarray(g)
+  assert len(ledger.records) == 1 and type(ledger.records[0]) is jse.TransferRecord
   assert {"transfer_ledger", "TransferRecord"} <= set(jse.__all__)
 
 

@@ -13,7 +13,7 @@ and `__array__` keep the GDA's own.
 
 Conversions that read the value on the host (`float`, `int`, `complex`,
 `operator.index`, `bool`, `format` with a spec, `item`, `tolist`,
-`tobytes`) first fetch it through `_transfer.to_host`, so the fetch is judged
+`tobytes`) first fetch it through `_transfers.moves.to_host`, so the fetch is judged
 by the transfer guard and recorded in the transfer ledger like
 `np.asarray(gda)`; the view then reads its cached host copy. A conversion
 that `jax.Array` refuses without reading the value (e.g. `float` of a

@@ -5,8 +5,3 @@
 jit's C++ fast-path key, which reads reference counts, is in
 `_jax/dispatch.py`.
 """
-
-from jax_sharding_ext._dispatch import handlers, output
-
-EDITS = [*handlers.EDITS, *output.EDITS]
-"""Every edit this capability makes to JAX, in the order `install()` applies them."""

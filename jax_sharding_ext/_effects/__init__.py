@@ -57,8 +57,3 @@ computations (stock `io_callback(ordered=True)` aborts there too). Your own prim
 side-effecting op a sharding in its lowering; declaring the effect only lets
 it past `pxla`'s check.
 """
-
-from jax_sharding_ext._effects import barrier, lowering, user_effects
-
-EDITS = [*lowering.EDITS, *barrier.EDITS, *user_effects.EDITS]
-"""Every edit this capability makes to JAX, in the order `install()` applies them."""

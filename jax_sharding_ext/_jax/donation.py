@@ -28,7 +28,7 @@ import dataclasses
 #
 # The donation vector of the running call is a local of the Python frames that
 # dispatch it, which are on the stack whenever a GDA reaches its shard-arg
-# handler (warm calls on jit's C++ fast path do not; `_donation.dispatch_flatten`
+# handler (warm calls on jit's C++ fast path do not; `dispatch.view_flatten`
 # sends the risky ones back to this Python path):
 # * `pjit._pjit_call_impl_python(*args, donated_invars=...)` (top-level
 #   `jax.jit` calls) and `pjit._pjit_call_impl` (`jit_p.bind`, e.g. under

@@ -22,7 +22,7 @@ import jax
 
 # --- effects ---
 #
-# Shardable ordered effects (`_effects.py`). The effect-type sets live in
+# Shardable ordered effects (`_effects/`). The effect-type sets live in
 # `jax._src.effects` (`EffectTypeSet`, whose only state is `_effect_types`);
 # `partial_eval_kept_effects` exists since 2025-06 (jax 0.7), so it is looked
 # up by name. The debug primitives, their platform lowering tables

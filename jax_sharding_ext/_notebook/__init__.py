@@ -3,8 +3,3 @@ of a GDA (`treescope`), the end-of-cell effects barrier (`cell_hook`), and
 how a user's line is named in a notebook (`ipython`). IPython and treescope
 are never imported here; each is used only when it is already running.
 """
-
-from jax_sharding_ext._notebook import cell_hook
-
-EDITS = [*cell_hook.EDITS]
-"""Every edit this capability makes, in the order `install()` applies them."""
