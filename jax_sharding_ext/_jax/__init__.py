@@ -12,15 +12,21 @@ first when JAX changes):
   them, host-to-device placement and `jax.device_put` with no target.
 - `config`: config flags, the explicit device_put / device_get thread state,
   the backends initialised so far.
-- `transfer`: the transfer-guard state (levels, suspension) and shard
-  placement comparison.
+- `transfer`: the transfer-guard state (levels, suspension) and stock's
+  decision whether a shard argument moves.
 - `effects`: effect-type sets, the debug primitives' lowerings, sharding
-  annotations of lowering contexts, runtime tokens.
+  annotations of lowering contexts.
+- `tokens`: the runtime tokens that order effects across calls, and the
+  tracked token set installed in their place.
 - `frames`: the questions JAX answers only in its own Python frames (inside a
-  host callback? tracing a pmap body? an AOT call? which jit is compiling?).
+  host callback? tracing a pmap body? an AOT call? which jit is compiling?
+  is another thread lowering?), and the user's call site.
 - `donation`: the donation vector of the running call and the mesh of
   `with mesh:`.
-- `dispatch`: jit's C++ dispatch pytree registry.
+- `dispatch`: jit's C++ dispatch pytree registry, and the node data (read
+  from reference counts) that decides which warm calls keep its fast path.
+- `checkpoint`: private names of `jax.experimental.array_serialization`
+  (imported only by `jax_sharding_ext.serialization`).
 - `tracebacks`: JAX's traceback filtering (API boundaries, excluded paths).
 
 Supported: JAX 0.10.2 (Python 3.11) and JAX 0.12.x (Python 3.12).
