@@ -13,7 +13,7 @@ Three versions of the same jitted step, side by side in one run:
 The package's runtime token set passes the previous call's token on in
 place after waiting for it; stock waits for it the same way, then places a
 fresh empty token on every device (`_token_shard_arg`). The stock variant
-swaps stock's token set in for its samples (`jax_effects.set_runtime_tokens`;
+swaps stock's token set in for its samples (`jax_tokens.set_runtime_tokens`;
 a swap between samples, after a barrier, outside the clock).
 
 And per-shard callbacks: two `jax_sharding_ext.sharded_callback(fn, x)` (one
@@ -60,7 +60,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext  # makes ordered debug callbacks shardable
-from jax_sharding_ext._jax import effects as jax_effects
+from jax_sharding_ext._jax import tokens as jax_tokens
 
 DEBUG = "debug.callback x2 (ordered)"
 IO = "io_callback x2 (ordered)"
@@ -128,14 +128,14 @@ def _batch(fn, x, calls: int):
 
 def _with_stock_tokens(sample):
   """`sample` run with stock JAX's runtime token set, then the package's again."""
-  stock = jax_effects.RuntimeTokenSet()
+  stock = jax_tokens.RuntimeTokenSet()
   def go():
-    ours = jax_effects.get_runtime_tokens()
-    jax_effects.set_runtime_tokens(stock)
+    ours = jax_tokens.get_runtime_tokens()
+    jax_tokens.set_runtime_tokens(stock)
     try:
       sample()  # ends with jax.effects_barrier(): no token left behind
     finally:
-      jax_effects.set_runtime_tokens(ours)
+      jax_tokens.set_runtime_tokens(ours)
   return go
 
 

@@ -14,8 +14,8 @@ from jax.sharding import PartitionSpec as PartitionSpec
 from jax_sharding_ext import global_device_array as global_device_array
 from jax_sharding_ext import multihost_utils as multihost_utils
 from jax_sharding_ext._array.gda import GlobalDeviceArray as GlobalDeviceArray
-from jax_sharding_ext._array.gda import Shard as Shard
 from jax_sharding_ext._array.records import FROM_GDA as FROM_GDA
+from jax_sharding_ext._array.records import Shard as Shard
 from jax_sharding_ext._array.shard_math import get_shard_indices as get_shard_indices
 from jax_sharding_ext._array.shard_math import (
   get_shard_indices_replica_ids as get_shard_indices_replica_ids,

@@ -47,7 +47,7 @@ EDITS = [
     *barrier.EDITS,  # every thread's runtime tokens
     *user_effects.EDITS,  # effects declared with `declare_effect` / `mark_shardable`
     *cell_hook.EDITS,  # the end-of-cell barrier under IPython
-    jax_tracebacks.TracebackExclusionEdit(),  # the package's frames filtered from tracebacks
+    *jax_tracebacks.EDITS,  # the package's frames filtered from tracebacks
 ]
 """Every edit of every capability (each module lists its own in `EDITS`, next
 to the handlers they register), in the order `install()` applies them."""

@@ -20,13 +20,15 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from jax_sharding_ext._array.gda import GlobalDeviceArray, Shard
+from jax_sharding_ext._array.gda import GlobalDeviceArray
+from jax_sharding_ext._array.records import Shard
 from jax_sharding_ext._array.shard_math import (
   Index,
   Shape,
   get_shard_indices,
   get_shard_indices_replica_ids,
   get_shard_shape,
+  index_key,
   layout,
 )
 
@@ -46,7 +48,7 @@ def _hashed_index(index: Index) -> int:
   Index slices are hashed by their `(start, stop)`, as the old module did;
   data loaders use it to load each distinct shard once.
   """
-  return hash(tuple((s.start, s.stop) for s in index))
+  return hash(index_key(index))
 
 
 def _get_indices(global_shape: Shape, global_mesh: jax.sharding.Mesh,

@@ -22,6 +22,10 @@ options) that also restores GDAs:
 `as_jax_arrays` / `as_gdas` convert a pytree's leaves both ways (zero-copy);
 no orbax call needs them.
 
+The handler stays registered after `jax_sharding_ext.uninstall()` (it is
+orbax's registry, not JAX's, and it handles `jax.Array` leaves exactly as
+orbax's own handler does).
+
 Needs orbax-checkpoint: `pip install 'jax-sharding-ext[checkpoint]'`.
 """
 
@@ -43,7 +47,8 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jax_sharding_ext._array.gda import GdaShape, GlobalDeviceArray
+from jax_sharding_ext._array.gda import GlobalDeviceArray
+from jax_sharding_ext._array.records import GdaShape
 from jax_sharding_ext._array.shard_math import (
   canonical_mesh_axes,
   layout,

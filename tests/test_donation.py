@@ -355,7 +355,7 @@ def test_donation_vector_rejects_bad_argnums():
     donation_vector((0.5,), (1,), {})
 
 
-def test_rebase_donate_argnums_seed_examples():
+def test_rebase_donate_argnums_docstring_examples():
   assert rebase_donate_argnums((3, 4), (0, 1)) == (1, 2)  # the docstring's example
   assert rebase_donate_argnums((2, 0), ()) == (0, 2)
   assert rebase_donate_argnums((), (0, 1)) == ()

@@ -61,7 +61,7 @@ def test_ordered_print_jit_runs_once_per_program_point(mesh_factory, capfd, n):
   assert _lines(capfd) == [f"first {s}", f"second {2 * s}"] * 3
 
 
-def test_issue_example_2d_mesh(mesh_2d, capfd):
+def test_ordered_prints_on_a_2d_mesh(mesh_2d, capfd):
   x, data = _put(mesh_2d, P("x", "y"))
   out = jax.jit(_two_prints)(x)
   assert out.sharding.is_equivalent_to(x.sharding, 2)
@@ -782,7 +782,7 @@ def test_failed_ordered_callback_reported_once_then_effects_recover():
 
 def test_uninstall_restores_stock_behaviour(fresh_registry, mesh_2d, capfd):
   # The tables themselves are compared entry by entry in
-  # `test_registry.test_uninstall_restores_every_table_exactly`.
+  # `test_install.test_uninstall_restores_every_table_exactly`.
   x, _ = _put(mesh_2d, P("x", "y"))
   jax.jit(_two_prints)(x)
   assert _lines(capfd) == ["first 2016.0", "second 4032.0"]

@@ -18,7 +18,7 @@ def _global(shape, dtype=np.int32):
   return np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
 
 
-def test_from_callback_seed_example(mesh_2d):
+def test_from_callback_docstring_example(mesh_2d):
   data = _global((8, 2))
   calls = []
 

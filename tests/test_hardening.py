@@ -155,7 +155,7 @@ def test_every_public_jax_array_name_is_available():
   """If a JAX release adds a public `jax.Array` name, this says which."""
   missing = [n for n in dir(jax.Array)
              if not n.startswith("_") and not hasattr(GDA, n)]
-  assert not missing, f"forward these in `_surface.PUBLIC_METHODS`: {missing}"
+  assert not missing, f"forward these in `_array/surface.PUBLIC_METHODS`: {missing}"
   assert not set(PUBLIC_METHODS) & set(HOST_METHODS)
 
 
@@ -278,7 +278,7 @@ def test_pickle_round_trips_by_value(mesh_2d):
 
 def test_device_put_without_a_target_keeps_the_sharding(mesh_2d):
   """Stock returns a committed `jax.Array` unchanged from `device_put(x)`;
-  before, every shard of a GDA silently moved to device 0."""
+  a GDA stays where it is too (no shard may move to the default device)."""
   g = _gda(mesh_2d)
   assert jax.device_put(g) is g
   assert jax.device_put(g, None) is g

@@ -39,7 +39,7 @@ def _gda(mesh, spec=XY, shape=(8, 2), dtype=np.float32):
   return GlobalDeviceArray.from_callback(shape, mesh, spec, lambda i: data[i]), data
 
 
-def test_seed_003_docstring_example(devices):
+def test_gda_docstring_example_under_pjit(devices):
   # The GlobalDeviceArray docstring example, adapted only in imports.
   from jax_sharding_ext import GlobalDeviceArray, Mesh, pjit
   from jax_sharding_ext import PartitionSpec as P

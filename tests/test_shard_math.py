@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 from jax_sharding_ext import get_shard_indices, get_shard_indices_replica_ids, get_shard_shape
 
 
-def test_seed_example_indices(mesh_2d):
+def test_gda_era_example_indices(mesh_2d):
   idx = get_shard_indices((8, 2), mesh_2d, P("x", "y"))
   devs = list(mesh_2d.devices.flat)
   assert list(idx) == devs

@@ -431,7 +431,7 @@ def test_from_batched_callback_with_devices_records_nothing(mesh_2d):
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_fetch_from_cpu_is_always_allowed(level, mesh_2d, guard_logs):
-  """Seed rule: fetching a buffer on a CPU device is allowed at every level."""
+  """The CPU rule: fetching a buffer on a CPU device is allowed at every level."""
   gdas = [_gda(mesh_2d) for _ in range(3)]
   with jse.transfer_ledger() as ledger, jax.transfer_guard(level):
     np.testing.assert_array_equal(np.asarray(gdas[0]), DATA)
@@ -498,7 +498,7 @@ def test_nesting(mesh_2d, accelerator_fetch):
 
 
 def test_new_thread_sees_global_option_not_thread_local(mesh_2d):
-  """Seed rule: a new thread uses the global option, not the spawner's scope."""
+  """As jaxlib: a new thread uses the global option, not the spawner's scope."""
   g = _gda(mesh_2d)
   rev = NamedSharding(_reversed(mesh_2d), P("x", "y"))
   outcomes = {}

@@ -10,8 +10,8 @@ import jax
 from jax_sharding_ext._jax import tables as jax_tables
 
 
-def check_buffers(lay, mesh, mesh_axes, buffers) -> Any:
-  """Validate constructor `device_buffers`; return their common dtype."""
+def check_buffers(lay, mesh, mesh_axes, buffers) -> None:
+  """Validate constructor `device_buffers`, naming the first bad one."""
   if isinstance(buffers, (str, bytes)) or not isinstance(buffers, Sequence):
     raise TypeError(
         "`device_buffers` must be a list of single-device `jax.Array`s, one per "
@@ -61,7 +61,6 @@ def check_buffers(lay, mesh, mesh_axes, buffers) -> Any:
     raise ValueError(
         "Input arrays to `GlobalDeviceArray` must have matching dtypes, got "
         f"{[str(dt) for dt in dtypes_]}.")
-  return dtypes_[0] if dtypes_ else None
 
 
 def extended_dtype_error(dtype, what: str) -> str:

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jax_sharding_ext._array.shard_math import Index, Layout, layout
+from jax_sharding_ext._array.shard_math import Index, Layout, index_key, layout
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._transfers import moves
 
@@ -132,8 +132,7 @@ def by_index(devices: Sequence[Any], indices: Sequence[Index]
   """One `(index, devices holding it)` entry per distinct index, in mesh order."""
   groups: dict[tuple, tuple[Index, list[Any]]] = {}
   for d, idx in zip(devices, indices, strict=True):
-    key = tuple((s.start, s.stop) for s in idx)
-    groups.setdefault(key, (idx, []))[1].append(d)
+    groups.setdefault(index_key(idx), (idx, []))[1].append(d)
   return [(idx, tuple(devs)) for idx, devs in groups.values()]
 
 

@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from jax_sharding_ext._array import construct, family
 from jax_sharding_ext._array.checks import check_buffers, extended_dtype_error
-from jax_sharding_ext._array.records import _FROM_SHARDING, GdaShape, Shard
+from jax_sharding_ext._array.records import FROM_SHARDING, GdaShape, Shard
 from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, layout, old_spec_repr
 from jax_sharding_ext._array.surface import _ArraySurface
 from jax_sharding_ext._edit import STATE
@@ -68,6 +68,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     (slice(0, 2, None), slice(0, 1, None))
   """
 
+  # `_init` and `rebuild` (the hot path of every GDA output) set every slot.
   __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched", "_family",
                "_key", "__weakref__")
   __array_priority__ = 100
@@ -281,7 +282,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
   @property
   def mesh_axes(self) -> MeshAxes:
     axes = self._mesh_axes
-    if axes is _FROM_SHARDING:
+    if axes is FROM_SHARDING:
       axes = self._mesh_axes = self._arr.sharding.spec
     return axes
 
@@ -453,7 +454,7 @@ def rebuild(key: Any, children: Sequence[jax.Array]) -> GlobalDeviceArray:
   self = _new(GlobalDeviceArray)
   self._arr, = children
   self._mesh = None
-  self._mesh_axes = _FROM_SHARDING
+  self._mesh_axes = FROM_SHARDING
   self._local_shards = None
   self._host_fetched = False
   self._family = None

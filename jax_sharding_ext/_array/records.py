@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec, Sharding
 from jax_sharding_ext._array.shard_math import Index
 
 
-class _Sentinel:
+class Sentinel:
   """A named singleton (one instance per subclass) that pickles to itself."""
 
   def __new__(cls):
@@ -33,11 +33,11 @@ class _Sentinel:
     return (type(self), ())
 
 
-class _FromGda(_Sentinel):
+class FromGda(Sentinel):
   """Sentinel for legacy `pjit(in_axis_resources=FROM_GDA)`."""
 
   _name = "FROM_GDA"
-FROM_GDA = _FromGda()
+FROM_GDA = FromGda()
 """Legacy `pjit` `in_axis_resources` entry: use the argument's own sharding."""
 
 
@@ -45,7 +45,7 @@ def is_spec_leaf(x: Any) -> bool:
   """A leaf of a pytree of sharding specs (pjit's axis resources,
   `multihost_utils`' pspecs): `None`, a `PartitionSpec`, a `Sharding` or
   `FROM_GDA`."""
-  return x is None or isinstance(x, (PartitionSpec, Sharding, _FromGda))
+  return x is None or isinstance(x, (PartitionSpec, Sharding, FromGda))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +84,11 @@ class GdaShape(tuple):
   @property
   def mesh_axes(self) -> Any:
     axes, sharding = self._axes
-    return sharding.spec if axes is _FROM_SHARDING else axes
+    return sharding.spec if axes is FROM_SHARDING else axes
 
   def __reduce__(self):
     return (tuple, (tuple(self),))  # pickles as the plain tuple it is
 
 
-_FROM_SHARDING = object()
+FROM_SHARDING = object()
 """`_mesh_axes` of a GDA made by `_wrap` until first read: the array's spec."""

@@ -158,9 +158,21 @@ def to_partition_spec(axes: NormalizedAxes, n_given: int | None = None) -> Parti
   entries: list[Any] = [None if not a else a[0] if len(a) == 1 else a for a in axes]
   if n_given is not None:
     return PartitionSpec(*entries[:n_given])
+  return without_trailing_nones(PartitionSpec(*entries))
+
+
+def without_trailing_nones(spec: PartitionSpec) -> PartitionSpec:
+  """`spec` without its trailing `None` entries (`P('x', None)` as `P('x')`)."""
+  entries = list(spec)
   while entries and entries[-1] is None:
     entries.pop()
-  return PartitionSpec(*entries)
+  return spec if len(entries) == len(spec) else PartitionSpec(*entries)
+
+
+def index_key(index: Index) -> tuple:
+  """A shard index as a hashable key, the same for every replica of the
+  shard: the `(start, stop)` of each slice, as the GDA-era module keyed them."""
+  return tuple((s.start, s.stop) for s in index)
 
 
 class Layout(NamedTuple):
@@ -212,7 +224,7 @@ def _layout(shape: Shape, mesh: Mesh, axes_key: tuple[Any, ...]) -> Layout:
         block = block * mesh.shape[n] + coord[n]
       index.append(slice(block * chunk, (block + 1) * chunk))
     index_t = tuple(index)
-    key = tuple((s.start, s.stop) for s in index_t)
+    key = index_key(index_t)
     replica_ids.append(counts.get(key, 0))
     counts[key] = replica_ids[-1] + 1
     indices.append(index_t)

@@ -53,7 +53,8 @@ partitioned ordered callback (`jax.debug.callback(..., ordered=True,
 partitioned=True)`) under multi-device `jit`, and an ordered print inside
 nested manual computations: a `shard_map` inside another, or one that leaves
 some mesh axes automatic (`axis_names=`), which JAX lowers to nested manual
-computations (stock `io_callback(ordered=True)` aborts there too). Your own primitive with a declared shardable effect must give its
-side-effecting op a sharding in its lowering; declaring the effect only lets
-it past `pxla`'s check.
+computations (stock `io_callback(ordered=True)` aborts there too). Your own
+primitive with a declared shardable effect must give its side-effecting op a
+sharding in its lowering; declaring the effect only lets it past `pxla`'s
+check.
 """

@@ -2,9 +2,9 @@
 
 Joining `shardable_ordered_effects` lets an ordered debug effect past
 `pxla`'s one-device check; the wrapped lowering rules below then emit its
-host callback with the sharding `io_callback(ordered=True)` uses (see the
-package docstring), and lower `sharded_callback` to a `shard_map`. Each
-edit is built right under the rule it installs.
+host callback with the sharding `io_callback(ordered=True)` uses (see
+`_effects/__init__.py`), and lower `sharded_callback` to a `shard_map`. The
+edits (`EDITS`) follow the rules they install.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _pmap_error(effect) -> str:
 
 
 def _make_lowering(prim: Any, effect_of: Callable[[dict], Any]):
-  """The wrapper around `prim`'s stock lowering rule (see the module docstring)."""
+  """The wrapper around `prim`'s stock lowering rule (see `_effects/__init__.py`)."""
 
   def make_rule(prev_rule):
     def rule(ctx, *args, **params):

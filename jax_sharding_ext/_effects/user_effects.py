@@ -120,7 +120,8 @@ def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
                  remat=remat)
   for key, value in options.items():
     if not isinstance(value, bool):
-      raise TypeError(f"`declare_effect({name!r}, {key}=...)` must be True or False, got {value!r}.")
+      raise TypeError(
+          f"`declare_effect({name!r}, {key}=...)` must be True or False, got {value!r}.")
   if shardable and not ordered:
     raise ValueError(
         f"`declare_effect({name!r}, shardable=True, ordered=False)`: only an "

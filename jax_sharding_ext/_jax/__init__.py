@@ -26,7 +26,7 @@ first when JAX changes):
 - `dispatch`: jit's C++ dispatch pytree registry, and the node data (read
   from reference counts) that decides which warm calls keep its fast path.
 - `checkpoint`: private names of `jax.experimental.array_serialization`
-  (imported only by `jax_sharding_ext.serialization`).
+  (imported only by `serialization` and `_checkpoint/`: tensorstore is optional).
 - `tracebacks`: JAX's traceback filtering (API boundaries, excluded paths).
 
 Supported: JAX 0.10.2 (Python 3.11) and JAX 0.12.x (Python 3.12).

@@ -5,7 +5,7 @@ Touches: `serialization._CHECKPOINT_SUCCESS`, `serialization._LimitInFlightBytes
 `tensorstore_impl._spec_has_metadata`, `tensorstore_impl._get_tensorstore_metadata`,
 `tensorstore_impl._TS_CHUNK_LAYOUT`. Checked against JAX 0.10.2 (Python 3.11)
 and 0.12.0.1 (Python 3.12). Imported only by `jax_sharding_ext.serialization`
-(tensorstore is an optional extra).
+and its `_checkpoint/` helpers (tensorstore is an optional extra).
 
 What breaks first when JAX changes: one of these names moving; the import of
 `jax_sharding_ext.serialization` then fails naming it.

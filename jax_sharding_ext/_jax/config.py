@@ -2,7 +2,8 @@
 
 Touches: `jax._src.config` (`bool_state`, `config_states`, absl flags),
 `jax._src.lib.guard_lib` (explicit device_put / device_get thread state),
-`jax._src.xla_bridge` (`_backends`). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+`jax._src.xla_bridge` (`_backends`), `jax._src.mesh` (the `with mesh:`
+stack). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: `config.bool_state`'s keywords (flag
 definition at import), or the name of the thread-state field
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from jax._src import config as _config
+from jax._src import mesh as _mesh
 from jax._src import xla_bridge as _xb
 from jax._src.lib import guard_lib as _guard_lib
 
@@ -60,3 +62,24 @@ def in_explicit_device_put() -> bool:
 
 def initialized_backends() -> dict[str, Any]:
   return dict(_xb._backends)
+
+
+# ---------------------------------------------------------------------------
+# The mesh of `with mesh:` (legacy pjit): `Mesh.__enter__` pushes onto
+# `mesh.thread_resources` (deprecated public alias
+# `jax.interpreters.pxla.thread_resources`, which warns); `jax.set_mesh`
+# sets `mesh.get_concrete_mesh()` (public `jax.sharding.get_mesh()`, which
+# refuses to run under a trace, hence the internal spelling).
+# ---------------------------------------------------------------------------
+
+
+def context_mesh() -> Any:
+  """The mesh of the innermost `with mesh:` on this thread, else `jax.set_mesh`'s.
+
+  Returns None when neither is active.
+  """
+  mesh = _mesh.thread_resources.env.physical_mesh
+  if not mesh.empty:
+    return mesh
+  mesh = _mesh.get_concrete_mesh()
+  return None if mesh is None or mesh.empty else mesh

@@ -182,9 +182,7 @@ def view_flatten(gda: Any) -> tuple[tuple[Any], Any]:
     if not family.others_alive(arr):
       gda._family = None  # every sibling is gone: the plain fast path again
       return (arr,), None
-    key = gda._key  # unrecorded, so no cache entry relies on it: reusable
-    if key is None or key.thread != _get_ident():
-      key = _alias_key(gda)
+    key = _alias_key(gda)
   else:
     key = _slow_key(gda)
   return (arr,), key

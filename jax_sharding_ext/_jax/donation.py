@@ -1,8 +1,8 @@
-"""The donation vector of the running call, and the mesh of `with mesh:`.
+"""The donation vector of the running call.
 
 Touches the code objects of `jax._src.pjit`'s jit implementation functions
-(`_run_python_pjit`, ...), `jax.stages.Compiled.__call__`, and
-`jax._src.mesh` (the `with mesh:` stack). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+(`_run_python_pjit`, ...), and `jax.stages.Compiled.__call__`. Checked against
+JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the names of the frame locals holding
 `donated_invars` / the argument names; `HAS_CALL_DONATION_INFO` turns False
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-# --- donation and pjit ---
 # ---------------------------------------------------------------------------
 # Which arguments of the running call are donated (`jax.jit(...,
 # donate_argnums=...)`, `donate_argnames`, legacy `pjit(donate_argnums=...)`).
@@ -39,19 +38,12 @@ import dataclasses
 #   `(args, kwargs)`.
 # No public API exposes this; a JAX that renames these functions makes
 # `HAS_CALL_DONATION_INFO` False and the check is skipped (stock behaviour).
-#
-# The mesh of `with mesh:` (legacy pjit): `Mesh.__enter__` pushes onto
-# `mesh.thread_resources` (deprecated public alias
-# `jax.interpreters.pxla.thread_resources`, which warns); `jax.set_mesh`
-# sets `mesh.get_concrete_mesh()` (public `jax.sharding.get_mesh()`, which
-# refuses to run under a trace, hence the internal spelling).
 # ---------------------------------------------------------------------------
 import sys
 from typing import Any
 
 import jax
 import jax.stages as _stages
-from jax._src import mesh as _mesh
 from jax._src import pjit as _pjit
 
 from jax_sharding_ext._jax.frames import code_of, find_frame
@@ -111,15 +103,3 @@ def current_call_donation(max_depth: int = 24) -> CallDonation | None:
   except Exception:  # pragma: no cover - a Compiled without args_info
     return None
   return CallDonation(tuple(args), tuple(i in donate for i in range(len(args))), None)
-
-
-def context_mesh() -> Any:
-  """The mesh of the innermost `with mesh:` on this thread, else `jax.set_mesh`'s.
-
-  Returns None when neither is active.
-  """
-  mesh = _mesh.thread_resources.env.physical_mesh
-  if not mesh.empty:
-    return mesh
-  mesh = _mesh.get_concrete_mesh()
-  return None if mesh is None or mesh.empty else mesh

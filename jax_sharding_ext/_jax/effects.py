@@ -1,16 +1,17 @@
 """Shardable ordered effects: effect-type sets, the debug primitives and
-their lowerings, lowering-context sharding, runtime tokens.
+their lowerings, lowering-context sharding. (Runtime tokens: `tokens.py`.)
 
 Touches: `jax._src.effects` (effect-type sets), `jax._src.debugging`
 (`debug_callback_p`, `debug_print_p`, effects), `jax._src.callback`
-(`emit_python_callback`), `jax._src.dispatch` (runtime tokens),
+(`emit_python_callback`), `jax._src.dispatch`
+(`prim_requires_devices_during_lowering`),
 `jax._src.sharding_impls`, `jax._src.interpreters.mlir` (lowering rules,
-contexts), MLIR `func` / `sdy` dialects. Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+contexts), MLIR `func` / `sdy` dialects. Checked against JAX 0.10.2
+(Python 3.11) and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the keyword arguments of
 `callback.emit_python_callback`, the lowering-context attributes read by
-`axis_context_kind` / `operand_sharding`, and the runtime-token object's
-attributes (`get_runtime_tokens`).
+`axis_context_kind` / `operand_sharding`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import Any
 
 import jax
 
-# --- effects ---
 #
 # Shardable ordered effects (`_effects/`). The effect-type sets live in
 # `jax._src.effects` (`EffectTypeSet`, whose only state is `_effect_types`);
@@ -45,7 +45,7 @@ from jax._src.lib.mlir.dialects import func as _fx_func
 from jax._src.lib.mlir.dialects import sdy as _fx_sdy
 
 from jax_sharding_ext._edit import Edit, replaced_error
-from jax_sharding_ext._jax.tables import _MISSING
+from jax_sharding_ext._jax.tables import MISSING
 
 Effect = _fx_effects.Effect
 """Base class of every JAX effect (also public as `jax.extend.core.Effect`)."""
@@ -55,11 +55,6 @@ EFFECT_TYPE_SET_NAMES = (
     "control_flow_allowed_effects", "custom_derivatives_allowed_effects",
     "remat_allowed_effects", "partial_eval_kept_effects")
 """The `EffectTypeSet`s of `jax._src.effects` an effect type can join."""
-
-HAS_PARTIAL_EVAL_KEPT_EFFECTS = hasattr(_fx_effects, "partial_eval_kept_effects")
-"""`effects.partial_eval_kept_effects` (2025-06, jax 0.7+): keeps effectful
-equations through partial evaluation / DCE. True on both supported releases."""
-
 
 def effect_type_set(name: str) -> Any:
   """The `EffectTypeSet` called `name`, or None if this JAX has no such set."""
@@ -150,7 +145,7 @@ class LoweringEdit(Edit):
     self.platform = platform
     self.make_rule = make_rule
     self.name = f"mlir lowering[{platform or 'default'}]"
-    self._prev: Any = _MISSING
+    self._prev: Any = MISSING
     self._entry: Any = None
 
   def _table(self) -> dict:
@@ -160,9 +155,9 @@ class LoweringEdit(Edit):
 
   def _apply(self) -> None:
     table = self._table()
-    prev = table.get(self.prim, _MISSING)
-    if prev is _MISSING:  # nothing to wrap on this platform
-      self._prev, self._entry = _MISSING, None
+    prev = table.get(self.prim, MISSING)
+    if prev is MISSING:  # nothing to wrap on this platform
+      self._prev, self._entry = MISSING, None
     else:
       self._prev = prev
       self._entry = _fx_mlir.LoweringRuleEntry(self.make_rule(prev.rule), prev.inline)
@@ -171,10 +166,10 @@ class LoweringEdit(Edit):
   def _revert(self) -> None:
     if self._entry is not None:
       table = self._table()
-      if table.get(self.prim, _MISSING) is not self._entry:
+      if table.get(self.prim, MISSING) is not self._entry:
         raise replaced_error(f"the {self.name} rule of `{self.prim}`")
       table[self.prim] = self._prev
-    self._prev, self._entry = _MISSING, None
+    self._prev, self._entry = MISSING, None
 
 
 def lowering_platforms(prim: Any) -> list[str | None]:

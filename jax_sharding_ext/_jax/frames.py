@@ -45,6 +45,8 @@ from jax._src import pjit as _pjit
 from jax._src import pmap as _pmap
 from jax._src.interpreters import pxla as _pxla
 
+from jax_sharding_ext._jax.tracebacks import PACKAGE_DIR
+
 
 def code_of(owner: Any, name: str) -> Any:
   """The code object of `owner.name` (a function or method), or None."""
@@ -210,8 +212,7 @@ class CallSite(NamedTuple):
 
 
 NOT_USER_CODE = tuple(d + os.sep for d in (
-    os.path.dirname(os.path.dirname(__file__)),  # jax_sharding_ext/, above this _jax/
-    os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__)))
+    PACKAGE_DIR, os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__)))
 """Frames in these directories (this package, `jax`, `jaxlib`) are not the user's."""
 
 

@@ -3,9 +3,10 @@
 Touches: `jax._src.core` (`pytype_aval_mappings`, `ShapedArray`),
 `jax._src.interpreters.pxla` (`shard_arg_handlers`, `global_result_handlers`,
 `batched_device_put`), `jax._src.interpreters.mlir` (`_constant_handlers`),
-`jax._src.dtypes`, `jax._src.lib` (`_jax.register_canonicalize_value_handler`),
-`jax._src.array` (`ArrayImpl`), `jax._src.dispatch`
-(`_batched_device_put_impl`). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+`jax._src.dtypes` (`register_canonicalize_value_handler`, which writes
+jaxlib's C++ registry), `jax._src.array` (`ArrayImpl`), `jax._src.dispatch`
+(`_batched_device_put_impl`). Checked against JAX 0.10.2 (Python 3.11) and
+0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: a table renamed or moved (the import
 below fails with the module's name), or the canonicalisation registry's C++
@@ -19,7 +20,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax._src import dispatch as _fx_dispatch
 
 from jax_sharding_ext._edit import STATE, Edit, replaced_error
 from jax_sharding_ext._jax import UnsupportedJaxVersionError
@@ -29,6 +29,7 @@ from jax_sharding_ext._jax import UnsupportedJaxVersionError
 try:
   from jax._src import array as _array
   from jax._src import core as _core
+  from jax._src import dispatch as _fx_dispatch
   from jax._src import dtypes as _dtypes
   from jax._src.interpreters import mlir as _mlir
   from jax._src.interpreters import pxla as _pxla
@@ -38,7 +39,7 @@ except ImportError as e:  # pragma: no cover - only on an unsupported JAX
       f"jax {jax.__version__}. This JAX release moved it; please report the "
       "version so `jax_sharding_ext/_jax/` can learn the new location.") from e
 
-_MISSING = object()
+MISSING = object()
 
 ArrayImpl = _array.ArrayImpl
 """The concrete `jax.Array` class (not subclassable: it is a C++ type)."""
@@ -60,16 +61,16 @@ class TableEdit(Edit):
 
   def __init__(self, name: str, table: Any, key: Any, value: Any):
     self.name, self.table, self.key, self.value = name, table, key, value
-    self.prev: Any = _MISSING
+    self.prev: Any = MISSING
 
   def _apply(self) -> None:
-    self.prev = self.table.get(self.key, _MISSING)
+    self.prev = self.table.get(self.key, MISSING)
     self.table[self.key] = self.value
 
   def _revert(self) -> None:
-    if self.table.get(self.key, _MISSING) is not self.value:
+    if self.table.get(self.key, MISSING) is not self.value:
       raise replaced_error(f"{self.name}[{self.key!r}]")
-    if self.prev is _MISSING:
+    if self.prev is MISSING:
       del self.table[self.key]
     else:
       self.table[self.key] = self.prev

@@ -50,3 +50,6 @@ class TracebackExclusionEdit(Edit):
     paths = _tb_util._exclude_paths
     self.position = len(paths) - 1 - paths[::-1].index(self.path)
     del paths[self.position]
+
+
+EDITS = [TracebackExclusionEdit()]

@@ -2,7 +2,8 @@
 
 Touches: `jax._src.lib.guard_lib` (levels, thread-local and global guard
 state), `jax._src.lib.xla_client` (`ArrayCopySemantics`), `jax._src.array`
-(sharding comparison helpers), `jax._src.lib` (jaxlib version). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+(sharding comparison helpers), `jax._src.lib` (jaxlib version). Checked
+against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the guard-state field names
 (`host_to_device`, `device_to_device`, `device_to_host`) or the
@@ -13,9 +14,10 @@ changed between 0.10.2 and 0.12.
 from __future__ import annotations
 
 from jax._src import array as _array
+from jax._src import lib as _tg_lib
 from jax._src.lib import guard_lib as _guard_lib
+from jax._src.lib import xla_client as _tg_xc
 
-# --- transfer guards ---
 # ---------------------------------------------------------------------------
 # What `_transfers/` needs to apply JAX's transfer guard to GDA transfers.
 #
@@ -57,7 +59,6 @@ from jax._src.lib import guard_lib as _guard_lib
 # * `ArrayCopySemantics` (jax 0.4.36, 0bb30f0777): jaxlib guards every copy
 #   that is not `REUSE_INPUT`, even onto the same devices.
 # ---------------------------------------------------------------------------
-from jax._src.lib import xla_client as _tg_xc
 
 ArrayCopySemantics = _tg_xc.ArrayCopySemantics
 REUSE_INPUT = ArrayCopySemantics.REUSE_INPUT
@@ -65,8 +66,6 @@ ALWAYS_COPY = ArrayCopySemantics.ALWAYS_COPY
 
 TRANSFER_DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
 """The three directions jaxlib's guard state has, in canonical order."""
-
-from jax._src import lib as _tg_lib  # noqa: E402
 
 JAXLIB_GUARDS_CPU_FETCH: bool = (
     getattr(_tg_lib, "jaxlib_extension_version", 0) >= 495
@@ -200,6 +199,3 @@ _sharding_indices_and_eq = getattr(_array, "_sharding_indices_and_eq", None)
 _fallback_check_via_indices = getattr(_array, "_fallback_check_via_indices", None)
 if _fallback_check_via_indices is None:  # pragma: no cover
   _sharding_indices_and_eq = None
-
-
-# ---------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The running IPython shell, and user-facing call sites (`Cell In[3], line 5`).
 
-A leaf module (it imports nothing of the package): the transfer machinery
-uses `site_text` for ledger records and guard messages, `_notebook` uses
-`shell()` for its end-of-cell hook. IPython is never imported here.
+A leaf module (it imports nothing of the package): the transfer ledger uses
+`site_text` for its records and guard messages, `cell_hook` uses `shell()`
+for its end-of-cell hook. IPython is never imported here.
 """
 
 from __future__ import annotations

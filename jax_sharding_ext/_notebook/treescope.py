@@ -16,7 +16,7 @@ from typing import Any
 
 def _view(x: Any) -> Any:
   """A GDA (anything with `to_jax_array`, so this module needs no import of
-  `_gda`, which imports it) as its `jax.Array`; anything else as is."""
+  `_array/gda.py`, which imports it) as its `jax.Array`; anything else as is."""
   return x.to_jax_array() if hasattr(type(x), "to_jax_array") else x
 
 

@@ -4,12 +4,7 @@
 donate_argnums)` keeps the legacy signature (and accepts the modern
 `in_shardings` / `out_shardings` spellings). Each call:
 
-1. resolves the specs into shardings (`resolve.py`): a bare `PartitionSpec`
-   against the mesh of the enclosing `with mesh:` block (or
-   `jax.set_mesh(mesh)`), `None` as fully replicated over that mesh
-   (unspecified when there is no mesh, as stock pjit does), a `Sharding` as
-   is, and `FROM_GDA` as the argument's own sharding (a `GlobalDeviceArray`,
-   or a `jax.Array` with a `NamedSharding`);
+1. resolves the specs into shardings under the context mesh (`resolve.py`);
 2. calls a `jax.jit` of `fun` built for exactly those shardings. The jitted
    functions are cached per resolution (the mesh, plus the shardings of the
    `FROM_GDA` arguments), so a steady loop reuses one `jax.jit` and its
@@ -33,7 +28,7 @@ from typing import Any
 
 import jax
 
-from jax_sharding_ext._jax import donation as jax_donation
+from jax_sharding_ext._jax import config as jax_config
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._pjit import resolve
 from jax_sharding_ext._pjit.spec import UNSPECIFIED, PjitSpec, parse
@@ -61,7 +56,7 @@ class _Pjit:
     self.lock = threading.Lock()
 
   def _mesh(self) -> Any:
-    return jax_donation.context_mesh() if self.spec.needs_mesh else None
+    return jax_config.context_mesh() if self.spec.needs_mesh else None
 
   def prepare(self, args, kwargs):
     """The `jax.jit` to call for these arguments, and the kwargs to pass it."""

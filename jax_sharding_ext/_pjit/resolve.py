@@ -16,8 +16,8 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_sharding_ext._array.gda import GlobalDeviceArray
-from jax_sharding_ext._array.records import _FromGda, is_spec_leaf
-from jax_sharding_ext._array.shard_math import old_spec_repr
+from jax_sharding_ext._array.records import FromGda, is_spec_leaf
+from jax_sharding_ext._array.shard_math import old_spec_repr, without_trailing_nones
 from jax_sharding_ext._pjit.spec import UNSPECIFIED, PjitSpec, check_static_donate
 
 
@@ -61,7 +61,7 @@ def resolve_in(spec: PjitSpec, mesh: Any, args: tuple) -> Any:
   with_paths, _ = jax.tree_util.tree_flatten_with_path(spec.in_specs, is_leaf=is_spec_leaf)
   resolved = []
   for (path, leaf_spec), sub in zip(with_paths, spec_subtrees(spec, dyn_args), strict=True):
-    if not isinstance(leaf_spec, _FromGda):
+    if not isinstance(leaf_spec, FromGda):
       resolved.append(to_sharding(leaf_spec, mesh, spec.in_name))
       continue
 
@@ -126,7 +126,7 @@ def explain(spec: PjitSpec, mesh: Any, args: tuple) -> ValueError | None:
             "Pjit's mesh and GDA's mesh should be equal. Got Pjit mesh: "
             f"{mesh},\n GDA mesh: {x.mesh}. Build the GDA on the mesh of the "
             "enclosing `with mesh:`, or call pjit under the GDA's mesh.")
-      if isinstance(leaf_spec, _FromGda):
+      if isinstance(leaf_spec, FromGda):
         continue
       sharding = to_sharding(leaf_spec, mesh, spec.in_name)
       if sharding is not None and not sharding.is_equivalent_to(x.sharding, x.ndim):
@@ -170,17 +170,10 @@ def to_sharding(spec: Any, mesh: Any, what: str) -> Any:
     if mesh is None:
       raise _no_mesh_error(spec, what)
     _check_axes_defined(spec, mesh, what)
-    return NamedSharding(mesh, _without_trailing_nones(spec))
+    # The old pjit dropped trailing `None`s before checking a spec against the
+    # value's rank, so `P(('data', 'model'), None)` partitions a rank-1 value.
+    return NamedSharding(mesh, without_trailing_nones(spec))
   return spec  # a Sharding
-
-
-def _without_trailing_nones(spec: PartitionSpec) -> PartitionSpec:
-  """The old pjit dropped trailing `None`s before checking a spec against the
-  value's rank, so `P(('data', 'model'), None)` partitions a rank-1 value."""
-  entries = list(spec)
-  while entries and entries[-1] is None:
-    entries.pop()
-  return spec if len(entries) == len(spec) else PartitionSpec(*entries)
 
 
 def _from_gda_sharding(x: Any, where: str) -> Any:

@@ -11,11 +11,11 @@ from typing import Any, NamedTuple
 import jax
 from jax.sharding import PartitionSpec
 
-from jax_sharding_ext._array.records import FROM_GDA, _FromGda, _Sentinel, is_spec_leaf
+from jax_sharding_ext._array.records import FromGda, Sentinel, is_spec_leaf
 from jax_sharding_ext._dispatch.donation import parse_argnums, rebase_donate_argnums
 
 
-class _Unspecified(_Sentinel):
+class _Unspecified(Sentinel):
   _name = "UNSPECIFIED"
 
 
@@ -90,7 +90,7 @@ def parse(fun: Callable, in_axis_resources: Any, out_axis_resources: Any, static
   return PjitSpec(
       fun=fun, in_name=in_name, in_specs=in_specs, in_treedef=in_treedef,
       out_name=out_name, out_specs=out_specs,
-      has_from_gda=any(isinstance(leaf, _FromGda) for leaf in in_leaves),
+      has_from_gda=any(isinstance(leaf, FromGda) for leaf in in_leaves),
       needs_mesh=any(leaf is None or isinstance(leaf, PartitionSpec)
                      for leaf in (*in_leaves, *out_leaves)),
       static_names=static_names,
@@ -114,7 +114,7 @@ def _pick_spelling(old: Any, new: Any, old_name: str, new_name: str) -> tuple[st
 def _check_leaves(specs: Any, what: str, *, allow_from_gda: bool) -> tuple[list, Any]:
   leaves, treedef = jax.tree_util.tree_flatten(specs, is_leaf=is_spec_leaf)
   for leaf in leaves:
-    if leaf is FROM_GDA or isinstance(leaf, _FromGda):
+    if isinstance(leaf, FromGda):
       if not allow_from_gda:
         raise ValueError(
             f"`FROM_GDA` is only valid in `in_axis_resources`, not in `{what}`: an "

@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from jax_sharding_ext._jax import transfer as jax_transfer
 from jax_sharding_ext._jax.frames import CallSite
 from jax_sharding_ext._notebook import ipython
 
-_DIRECTIONS = ("host_to_device", "device_to_device", "device_to_host")
+_DIRECTIONS = jax_transfer.TRANSFER_DIRECTIONS
 
 _lock = threading.Lock()
 open_count = 0

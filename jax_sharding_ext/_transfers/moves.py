@@ -6,10 +6,11 @@ Every transfer a `GlobalDeviceArray` makes goes through a function here:
   `from_batched_callback` constructors onto the local devices (explicit,
   host_to_device; device_to_device for a callback value that is a
   `jax.Array` on another device);
-* `shard_args`: the `shard_arg_handlers` entry, used by `jax.jit` arguments
-  (no copy when the sharding already matches: not a transfer; implicit
-  device_to_device when it reshards) and by `jax.device_put` (explicit;
-  device_to_device when it reshards or copies);
+* `shard_arrays`: called by the GDA's `shard_arg_handlers` entry
+  (`_dispatch/handlers.py`) for `jax.jit` arguments (no copy when the
+  sharding already matches: not a transfer; implicit device_to_device when
+  it reshards) and for `jax.device_put` (explicit; device_to_device when it
+  reshards or copies);
 * `to_host` / `start_host_copy`: `np.asarray(gda)` / `gda.copy_to_host_async()`
   (implicit) and `jax.device_get(gda)` (explicit), device_to_host;
 * `embed_constant`: a GDA closed over by a jitted function is fetched and
