@@ -200,19 +200,22 @@ def run_serialization(arrays, tensorstore_specs, *, metadata=_GDA_METADATA):
     _ck.release_paths(held, writer)
 
 
-async def _prepare(fn, specs, full_specs, choice) -> None:
-  """Check the targets (refusing leaves them intact), then mark them uncommitted."""
-  await _ck.check_targets(fn, full_specs, choice)
-  await _ck.set_markers(specs, True)
+async def _prepare(fn, specs, full_specs, choice) -> list:
+  """Check the targets (refusing leaves them intact), then mark them
+  uncommitted; return the opened marker stores."""
+  stores, _ = await asyncio.gather(_ck.marker_stores(specs),
+                                   _ck.check_targets(fn, full_specs, choice))
+  await _ck.mark(stores, True)
+  return stores
 
 
 async def _save(fn, arrs, specs, full_specs, choice, *, commit: bool) -> None:
   """`_prepare`, write every array (stock's `run_serialization`, as a
   coroutine), then, with `commit`, mark the targets committed."""
-  await _prepare(fn, specs, full_specs, choice)
+  stores = await _prepare(fn, specs, full_specs, choice)
   await asyncio.gather(*(_stock.async_serialize(a, s) for a, s in zip(arrs, specs, strict=True)))
   if commit:
-    await _ck.set_markers(specs, False)
+    await _ck.mark(stores, False)
 
 
 def estimate_read_memory_footprint(t: ts.TensorStore) -> int:

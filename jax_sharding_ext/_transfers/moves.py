@@ -177,8 +177,11 @@ def _fetch(gda, arr, move):
   act = action(level, explicit)
   if act != "allow" and _fetch_always_allowed(arr):
     act = "allow"  # fetching from CPU devices is always allowed
-  if level == "allow" and not ledger.open_count:
-    out = move()  # the usual case: nothing to judge, log or record
+  if level == "allow":  # the usual case: nothing to judge or log
+    out = move()
+    if ledger.open_count:  # only the ledger needs to know
+      ledger.add(D2H, explicit, gda.nbytes, arr.shape, arr.dtype, _devices_of(arr), (),
+                 jax_frames.user_call_site())
   else:
     # Judged here, so jaxlib must not judge it again: on "log" it would log a
     # second line, and where the CPU rule allowed the fetch, jax 0.12's
