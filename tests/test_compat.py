@@ -31,7 +31,7 @@ FRAGILE = [
      "jax._src.pmap._cached_shard_map's `_fun` (pmap keeps rejecting ordered effects)"),
     ("frames", "HAS_AOT_CALL_FRAME",
      "pxla.MeshExecutable.call (AOT executables refuse a GDA of another sharding)"),
-    ("frames", "_CACHE_MISS_CODES",
+    ("frames", "HAS_CACHE_MISS_FRAME",
      "jax._src.pjit._cpp_pjit's `cache_miss` (which jit the output flag applies to)"),
     ("frames", "HAS_TABLE_READER_FRAMES",
      "pxla.lower_sharding_computation and pxla.ExecuteReplicated.__call__ (install() / "

@@ -209,22 +209,31 @@ def _stored(spec: Any) -> Any:
   return spec
 
 
+def _kvstore(spec: Any) -> Any:
+  """The kvstore (a dict or a URL string) the array under `spec` is stored in, or None."""
+  spec = _stored(spec)
+  return spec.get("kvstore") if isinstance(spec, Mapping) else None
+
+
+def _reason(e: Exception) -> str:
+  """tensorstore's error text without the spec it appends (long, and ours)."""
+  return str(e).split(" [tensorstore_spec=")[0]
+
+
 def spec_path(spec: Any) -> str:
   """A readable location for error messages."""
-  spec = _stored(spec)
-  kv = spec.get("kvstore") if isinstance(spec, Mapping) else None
+  kv = _kvstore(spec)
   if isinstance(kv, dict):
     base = {"gcs": f"gs://{kv.get('bucket', '')}/", "s3": f"s3://{kv.get('bucket', '')}/"}
     return base.get(kv.get("driver"), "") + str(kv.get("path", ""))
   if isinstance(kv, str):
     return kv
-  return repr(spec)
+  return repr(_stored(spec))
 
 
 def path_key(spec: Any) -> str | None:
   """What identifies the location `spec` writes to, or None if it names none."""
-  spec = _stored(spec)
-  kv = spec.get("kvstore") if isinstance(spec, Mapping) else None
+  kv = _kvstore(spec)
   if isinstance(kv, dict) and kv.get("driver") in _MARKER_DRIVERS:
     path = str(kv.get("path", "")).rstrip("/")
     if kv.get("driver") == "file" and path:
@@ -242,8 +251,7 @@ def path_key(spec: Any) -> str | None:
 
 def _marker_kvstore(spec: Any) -> Any:
   """The kvstore spec of the directory holding `spec`'s array, or None."""
-  spec = _stored(spec)
-  kv = spec.get("kvstore") if isinstance(spec, Mapping) else None
+  kv = _kvstore(spec)
   if isinstance(kv, dict) and kv.get("driver") in _MARKER_DRIVERS:
     kv = dict(kv)
     kv["path"] = str(kv.get("path", "")).rstrip("/") + "/"
@@ -320,7 +328,7 @@ async def _check_target(full_spec: dict, at: str, choice: str) -> None:
     await ts.open(ts.Spec(full_spec), open=True, context=TS_CONTEXT,
                   chunk_layout=jax_checkpoint.TS_CHUNK_LAYOUT)
   except ValueError as e:
-    reason = str(e).split(" [tensorstore_spec=")[0]  # the spec is long and ours
+    reason = _reason(e)
     if reason.startswith("NOT_FOUND"):
       return
     other = STOCK_METADATA if choice == GDA_METADATA else GDA_METADATA
@@ -335,7 +343,7 @@ async def _check_target(full_spec: dict, at: str, choice: str) -> None:
 
 def _new_local_path(spec: Any) -> bool:
   """True when `spec` stores on the local file system where nothing exists yet."""
-  kv = _stored(spec).get("kvstore") if isinstance(_stored(spec), Mapping) else None
+  kv = _kvstore(spec)
   return (isinstance(kv, dict) and kv.get("driver") == "file"
           and not os.path.lexists(str(kv.get("path", ""))))
 
@@ -350,7 +358,7 @@ async def open_existing(spec: Any, at: str) -> ts.TensorStore:
     return await ts.open(ts.Spec(spec) if isinstance(spec, dict) else spec,
                          open=True, context=TS_CONTEXT)
   except ValueError as e:
-    reason = str(e).split(" [tensorstore_spec=")[0]  # the spec is long and ours
+    reason = _reason(e)
     if "NOT_FOUND" in reason:
       raise ValueError(f"{at}: no checkpoint at '{spec_path(spec)}' ({reason}). "
                        "Check the path, and that the checkpoint was committed.") from None

@@ -10,8 +10,8 @@ first when JAX changes):
 - `tables`: the extension tables keyed by Python type (avals, shard args,
   result handlers, canonicalisation, MLIR constants), reversible edits of
   them, host-to-device placement and `jax.device_put` with no target.
-- `config`: config flags, the explicit device_put / device_get thread state,
-  the backends initialised so far.
+- `config`: config flags, the explicit device_put thread state, the mesh of
+  `with mesh:`, the backends initialised so far.
 - `transfer`: the transfer-guard state (levels, suspension) and stock's
   decision whether a shard argument moves.
 - `effects`: effect-type sets, the debug primitives' lowerings, sharding

@@ -1,7 +1,7 @@
 """JAX config flags and thread state that have no public constructor or reader.
 
 Touches: `jax._src.config` (`bool_state`, `config_states`, absl flags),
-`jax._src.lib.guard_lib` (explicit device_put / device_get thread state),
+`jax._src.lib.guard_lib` (the explicit device_put thread state),
 `jax._src.xla_bridge` (`_backends`), `jax._src.mesh` (the `with mesh:`
 stack). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
 

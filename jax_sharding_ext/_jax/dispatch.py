@@ -83,7 +83,7 @@ class DispatchNodeEdit(RegisterOnceEdit):
 
 
 def dispatch_flatten(x: Any) -> tuple[list[Any], Any]:
-  """Flatten `x` as jit's C++ dispatch does (for tests and benchmarks)."""
+  """Flatten `x` as jit's C++ dispatch does (for tests)."""
   return _dispatch_registry.flatten(x)
 
 

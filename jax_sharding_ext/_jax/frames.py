@@ -29,7 +29,7 @@ from __future__ import annotations
 #   any `shard_map` when lowered; the equation's trace-time traceback
 #   (`ctx.traceback.raw_frames()`) contains pmap's `_fun` frame.
 # If a JAX release renames these, the `HAS_*` flags below turn False and
-# `tests/test_effects.py` names the function that moved.
+# `tests/test_compat.py` names the function that moved.
 # ---------------------------------------------------------------------------
 import inspect
 import os
@@ -131,6 +131,8 @@ def traced_inside_pmap(ctx) -> bool:
 # caller compiled the user's function directly.
 
 _CACHE_MISS_CODES = _nested_codes(getattr(_pjit, "_cpp_pjit", None), "cache_miss")
+HAS_CACHE_MISS_FRAME = bool(_CACHE_MISS_CODES)
+"""True when `pjit._cpp_pjit`'s `cache_miss` closure (the jit being compiled) was found."""
 
 
 def jitted_function_being_compiled() -> Any:
