@@ -82,7 +82,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     lay = layout(global_shape, global_mesh, mesh_axes)
     check_buffers(lay, global_mesh, mesh_axes, device_buffers)
     arr = jax.make_array_from_single_device_arrays(
-        lay.shape, NamedSharding(global_mesh, lay.spec), list(device_buffers))
+        lay.shape, construct.named_sharding(global_mesh, lay.spec), list(device_buffers))
     self._init(arr, global_mesh, mesh_axes)
 
   def _init(self, arr: jax.Array, mesh: Mesh, mesh_axes: MeshAxes) -> None:

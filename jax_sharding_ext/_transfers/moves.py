@@ -103,7 +103,7 @@ def shard_arrays(arrays, shardings, layouts, copy_semantics):
     raise _aot_mismatch_error(arrays, shardings, moving)
   level, explicit = jax_transfer.transfer_guard_query(D2D, "explicit_device_put")
   act = action(level, explicit)
-  moves, in_place = [], []
+  moves, recorded = [], []
   if act != "allow" or ledger.open_count:
     for i in moving:
       a, s = arrays[i], shardings[i]
@@ -111,9 +111,9 @@ def shard_arrays(arrays, shardings, layouts, copy_semantics):
       nbytes = math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize * len(dst)
       m = Move(D2D, explicit, a.shape, a.dtype, nbytes, _devices_of(a), dst, act)
       moves.append(m)
-      if jax_transfer.writes_in_place(a, s, layouts[i], copy_semantics[i]):
-        in_place.append(m)  # judged, not recorded
-  with guarded(moves, [m for m in moves if m not in in_place]):
+      if not jax_transfer.writes_in_place(a, s, layouts[i], copy_semantics[i]):
+        recorded.append(m)  # one written in place is judged, not recorded
+  with guarded(moves, recorded):
     return jax_tables.array_shard_arg(arrays, shardings, layouts, copy_semantics)
 
 
