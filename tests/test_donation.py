@@ -344,8 +344,56 @@ def test_donation_vector_one_bool_per_leaf(mesh_2d):
       False, False, True, True, True, True, False)
   assert donation_vector(1, args, {}) == (False, False, True, False, False, False)
   assert donation_vector((), args, {"k": (1, 2)}) == (False,) * 8
-  assert donation_vector((-1,), (1, 2), {}) == (False, True)  # as jax.jit counts
   assert donation_vector((0,), (None, 1), {}) == (False,)  # None has no leaves
+  assert donation_vector(np.int64(1), (1, 2), {}) == (False, True)
+
+
+def test_negative_donate_argnums_donate_nothing_as_in_jax_jit(mesh_2d):
+  """Stock `jax.jit(f, donate_argnums=-1)` donates nothing (it matches
+  argument positions as given), and so did the GDA-era helper;
+  `donation_vector` and legacy `pjit` agree with it."""
+  def run(make):
+    a, b = _gda(mesh_2d)[0], _gda(mesh_2d)[0]
+    make(lambda x, y: x + y)(a, b)
+    return a.is_deleted(), b.is_deleted()
+  assert run(lambda f: jax.jit(f, donate_argnums=-1)) == (False, False)
+  assert run(lambda f: pjit(f, in_axis_resources=FROM_GDA, donate_argnums=-1)) == (False, False)
+  assert donation_vector(-1, (1, 2), {}) == (False, False)
+  assert donation_vector((-1, 0), (1, 2), {}) == (True, False)
+
+
+def test_numpy_integer_argnums_are_taken_as_in_jax_jit(mesh_2d):
+  """`jax.jit` takes `donate_argnums=np.int64(0)` (any `operator.index`
+  integer); legacy `pjit` too. A bool stays refused everywhere."""
+  for num in (np.int64(0), np.int32(0), (np.int64(0),)):
+    a, b = _gda(mesh_2d)[0], _gda(mesh_2d)[0]
+    pjit(lambda x, y: x + y, in_axis_resources=FROM_GDA, donate_argnums=num)(a, b)
+    assert a.is_deleted() and not b.is_deleted()
+  for bad in (True, np.bool_(True), (np.bool_(False),)):
+    with pytest.raises(TypeError, match="donate_argnums"):
+      pjit(lambda x: x, donate_argnums=bad)
+
+
+def test_an_unused_donated_argument_is_not_an_alias(mesh_2d):
+  """jit prunes an argument its function does not use before running, so
+  donating it next to an alias of it is harmless: stock runs
+  `jax.jit(lambda a, b: b * 2, donate_argnums=0)(x, x)`, and nothing is
+  donated. With a GDA view of `x` as `b`, cold, warm and AOT, the same."""
+  f = jax.jit(lambda a, b: b * 2, donate_argnums=0)
+  x = _gda(mesh_2d)[0].to_jax_array()
+  data = np.asarray(x)
+  stock = f(x, x)
+  for _ in range(3):
+    out = f(x, GlobalDeviceArray.from_jax_array(x))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(stock))
+  compiled = f.lower(x, x).compile()
+  np.testing.assert_array_equal(np.asarray(compiled(x, GlobalDeviceArray.from_jax_array(x))),
+                                2 * data)
+  assert not x.is_deleted()
+  # Used, the same call is refused as before.
+  g = jax.jit(lambda a, b: a + b, donate_argnums=0)
+  with pytest.raises(RuntimeError, match="Cannot donate"):
+    g(x, GlobalDeviceArray.from_jax_array(x))
 
 
 def test_donation_vector_rejects_bad_argnums():

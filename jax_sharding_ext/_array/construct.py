@@ -74,12 +74,15 @@ def checked_batch(values: Any, n: int) -> Sequence[Any]:
 
 
 def host_values_array(lay: Layout, mesh: Mesh, mesh_axes: Any, devices: Sequence[Any],
-                      indices: Sequence[Index], values: Sequence[Any]) -> jax.Array:
-  """One `jax.Array` over `mesh` from one value per local device."""
+                      indices: Sequence[Index], values: Sequence[Any]
+                      ) -> tuple[jax.Array, bool]:
+  """One `jax.Array` over `mesh` from one value per local device, and whether
+  it adopted (shares the buffers of) a `jax.Array` value already on its device."""
   prepared = _prepared(lay, mesh_axes, devices, indices, values)
   dtype = prepared[0].dtype if prepared else np.dtype(np.float32)  # no local devices
-  return moves.place_host_shards(lay.shape, dtype, named_sharding(mesh, lay.spec),
-                                 prepared, devices)
+  arr = moves.place_host_shards(lay.shape, dtype, named_sharding(mesh, lay.spec),
+                                prepared, devices)
+  return arr, moves.adopts_device_values(prepared, devices)
 
 
 def _prepared(lay, mesh_axes, devices, indices, values) -> list[Any]:

@@ -8,6 +8,14 @@ one array; to the donation check and jit's fast-path key they are a family,
 the set of objects whose buffers are the same. Knowing the family is what
 lets a call with a GDA whose buffers the program also holds elsewhere keep
 jit's C++ fast path.
+
+A GDA built over arrays the caller handed in (the constructor's
+`device_buffers`, a data callback that returns arrays already on their
+devices) shares their buffers with arrays the package never sees: the
+caller's single-device arrays, and whatever array they are shards of. Its
+family is *untracked*: it counts as shared for as long as it lives, its
+members may alias arrays of another shape or sharding, and the donation check
+compares buffer addresses (`_jax/buffers.py`) instead of families.
 """
 
 from __future__ import annotations
@@ -15,18 +23,24 @@ from __future__ import annotations
 import weakref as _weakref
 from typing import Any
 
-from jax_sharding_ext._jax import tables as jax_tables
+from jax_sharding_ext._jax import buffers as jax_buffers
 
 
 class _Family:
-  """The live `jax.Array` objects (weakly held) over one set of buffers."""
+  """The live `jax.Array` objects (weakly held) over one set of buffers.
 
-  __slots__ = ("members",)
+  `untracked`: arrays outside the family may share the buffers too.
+  """
 
-  def __init__(self):
+  __slots__ = ("members", "untracked")
+
+  def __init__(self, untracked: bool = False):
     self.members: list[_weakref.ref] = []
+    self.untracked = untracked
 
   def others_alive(self, arr: Any) -> bool:
+    if self.untracked:
+      return True
     for ref in self.members:
       m = ref()
       if m is not None and m is not arr:
@@ -83,9 +97,27 @@ def sibling_of(gda: Any, arr: Any) -> Any:
   if family is None:
     family = _Family()
     _join(arr, family)
-  sibling = jax_tables.sibling_array(arr)
+  sibling = jax_buffers.sibling(arr)
   _join(sibling, family)
   gda._family = family
   return sibling
+
+
+def mark_untracked(gda: Any) -> None:
+  """Record that `gda`'s buffers may also be held by arrays the package does
+  not track (see the module docstring)."""
+  family = family_of(gda._arr)
+  if family is None:
+    family = _Family(untracked=True)
+    _join(gda._arr, family)
+  family.untracked = True
+  gda._family = family
+
+
+def is_untracked(arr: Any) -> bool:
+  """True when `arr` (a GDA's private array or a sibling) belongs to an
+  untracked family."""
+  family = family_of(arr)
+  return family is not None and family.untracked
 
 

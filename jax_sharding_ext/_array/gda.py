@@ -36,9 +36,12 @@ from jax_sharding_ext._array.records import FROM_SHARDING, GdaShape, Shard
 from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, layout, old_spec_repr
 from jax_sharding_ext._array.surface import _ArraySurface
 from jax_sharding_ext._edit import STATE
+from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._transfers import moves
+
+_USE = "use it in a JAX operation"
 
 
 class GlobalDeviceArray(_ArraySurface, jax.Array):
@@ -84,6 +87,8 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     arr = jax.make_array_from_single_device_arrays(
         lay.shape, construct.named_sharding(global_mesh, lay.spec), list(device_buffers))
     self._init(arr, global_mesh, mesh_axes)
+    # The buffers stay the caller's too (and whatever array they are shards of).
+    family.mark_untracked(self)
 
   def _init(self, arr: jax.Array, mesh: Mesh, mesh_axes: MeshAxes) -> None:
     self._arr = arr
@@ -99,11 +104,17 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     self._key = None
 
   @classmethod
-  def _wrap(cls, arr: jax.Array, mesh_axes: MeshAxes | None = None) -> GlobalDeviceArray:
-    """Wrap `arr` (NamedSharding, already validated) without any checks."""
+  def _wrap(cls, arr: jax.Array, mesh_axes: MeshAxes | None = None, *,
+            shared: bool = False) -> GlobalDeviceArray:
+    """Wrap `arr` (NamedSharding, already validated) without any checks.
+
+    `shared`: `arr` holds buffers of arrays the caller handed in.
+    """
     self = rebuild(None, (arr,))
     if mesh_axes is not None:
       self._mesh_axes = mesh_axes
+    if shared:
+      family.mark_untracked(self)
     return self
 
   # -- conversions ----------------------------------------------------------
@@ -161,7 +172,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     return self._jax_array
 
   def _jax_array(self) -> jax.Array:
-    return self._checked_array("use it in a JAX operation")
+    return self._checked_array(_USE)
 
   def _checked_array(self, action: str) -> jax.Array:
     arr = self._arr
@@ -172,6 +183,12 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
           "deleted or donated. After `jax.jit(..., donate_argnums=...)` use the "
           "function's output instead of the donated input.")
     return arr
+
+  def _shard_array(self, action: str) -> jax.Array:
+    """`_checked_array`, with its single-device arrays built: for uses that
+    read them (jaxlib builds them on first use, and not safely across
+    threads; `_jax/buffers.py`)."""
+    return jax_buffers.ready(self._checked_array(action))
 
   @property
   def _value(self) -> np.ndarray:
@@ -203,7 +220,10 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
         and returns the data there, as any array-like (numpy, `jax.Array`,
         nested lists). It is called for every local device, replicas included.
 
-    On CPU devices jaxlib may adopt a suitably aligned numpy array returned
+    A `jax.Array` already on its device is adopted without a copy (as by
+    stock `jax.make_array_from_callback`): the GDA then shares its buffers
+    with that array, and one call cannot donate the one while passing the
+    other. On CPU devices jaxlib may adopt a suitably aligned numpy array returned
     by the callback as the device buffer instead of copying it (as stock
     `jax.make_array_from_callback` and `jax.device_put` do), so do not modify
     the returned memory afterwards; return a copy if you reuse the buffer.
@@ -211,8 +231,9 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     construct.require_callable(data_callback, "data_callback")
     lay, devices, indices = construct.placement(global_shape, global_mesh, mesh_axes)
     values = [data_callback(idx) for idx in indices]
-    arr = construct.host_values_array(lay, global_mesh, mesh_axes, devices, indices, values)
-    return cls._wrap(arr, mesh_axes)
+    arr, shared = construct.host_values_array(lay, global_mesh, mesh_axes, devices, indices,
+                                              values)
+    return cls._wrap(arr, mesh_axes, shared=shared)
 
   @classmethod
   @jax_tracebacks.api_boundary
@@ -227,8 +248,9 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     construct.require_callable(data_callback, "data_callback")
     lay, devices, indices = construct.placement(global_shape, global_mesh, mesh_axes)
     values = construct.checked_batch(data_callback(list(indices)), len(indices))
-    arr = construct.host_values_array(lay, global_mesh, mesh_axes, devices, indices, values)
-    return cls._wrap(arr, mesh_axes)
+    arr, shared = construct.host_values_array(lay, global_mesh, mesh_axes, devices, indices,
+                                              values)
+    return cls._wrap(arr, mesh_axes, shared=shared)
 
   @classmethod
   @jax_tracebacks.api_boundary
@@ -304,14 +326,20 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
   @property
   def local_shards(self) -> list[Shard]:
-    """The shards on this process's devices, in `mesh.local_devices` order."""
+    """The shards on this process's devices, in `mesh.local_devices` order.
+
+    Their `data` are the GDA's own buffers: from here on, arrays the package
+    does not see may be built over them (`family.py`).
+    """
     arr = self._checked_array("read its local shards")
     shards = self._local_shards
     if shards is None:
+      family.mark_untracked(self)
       lay = layout(self.shape, self.mesh, self.mesh_axes)
       indices, rids = lay.indices, lay.replica_ids
       pos = {d: i for i, d in enumerate(self.mesh.devices.flat)}
-      data = {s.device: s.data for s in arr.addressable_shards}
+      data = {next(iter(a.sharding.device_set)): a
+              for a in jax_buffers.single_device_arrays(arr)}
       shards = [Shard(d, indices[pos[d]], rids[pos[d]], data[d])
                 for d in self.mesh.local_devices]
       self._local_shards = shards
@@ -340,6 +368,25 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     return shards[i].data
 
   addressable_data = local_data
+
+  @property
+  def _device_buffers(self) -> list[jax.Array]:
+    """The GDA-era attribute: the local shards' data, in `mesh.local_devices` order."""
+    return [s.data for s in self.local_shards]
+
+  def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+    """`jax.Array.__dlpack__` (one device). The consumer may wrap the
+    buffer as an array the package does not see (`family.py`)."""
+    arr = self._shard_array(_USE)
+    family.mark_untracked(self)
+    return arr.__dlpack__(*args, **kwargs)
+
+  def _rewrap_with_aval_and_sharding(self, aval: Any, sharding: Any) -> jax.Array:
+    """`jax.Array._rewrap_with_aval_and_sharding`: a `jax.Array` over this
+    GDA's buffers with another aval and sharding (no copy)."""
+    out = self._checked_array(_USE)._rewrap_with_aval_and_sharding(aval, sharding)
+    family.mark_untracked(self)  # an alias of another shape the family cannot list
+    return out
 
   def block_until_ready(self) -> GlobalDeviceArray:
     try:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jax_sharding_ext._jax.tables import ArrayImpl
+
 _OPERATORS = (
     "add", "sub", "mul", "truediv", "floordiv", "mod", "divmod", "pow", "matmul",
     "and", "or", "xor", "lshift", "rshift",
@@ -31,8 +33,9 @@ _OPERATORS = (
 _BINARY = tuple(f"__{op}__" for op in _OPERATORS) + tuple(f"__r{op}__" for op in _OPERATORS) + (
     "__lt__", "__le__", "__gt__", "__ge__",
 )
-_UNARY = ("__neg__", "__pos__", "__abs__", "__invert__", "__iter__", "__round__",
-          "__array_namespace__", "__dlpack__", "__dlpack_device__")
+_UNARY = ("__neg__", "__pos__", "__abs__", "__invert__", "__round__", "__array_namespace__")
+_SHARD_READING_UNARY = ("__iter__", "__dlpack_device__", "__buffer__", "__release_buffer__")
+"""Methods whose stock implementation reads the array's single-device arrays."""
 
 PUBLIC_METHODS = (
     "T", "all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "at",
@@ -41,9 +44,15 @@ PUBLIC_METHODS = (
     "itemsize", "mT", "max", "mean", "min", "nonzero", "prod", "ptp", "ravel", "real",
     "repeat", "reshape", "round", "searchsorted", "sort", "squeeze", "std", "sum",
     "swapaxes", "take", "to_device", "trace", "transpose", "var", "view",
-    "_split", "_multi_slice",
+    "is_ready", "platform", "_split", "_multi_slice", "_chunk_iter", "_unstack",
 )
-"""Public names of `jax.Array` forwarded as they are (the GDA defines the rest)."""
+"""Names of `jax.Array` forwarded as they are (the GDA defines the rest)."""
+
+SHARD_READING_METHODS = ("on_device_size_in_bytes", "unsafe_buffer_pointer")
+"""Names of `jax.Array` whose stock implementation reads its single-device arrays."""
+
+UNCHECKED = ("aval", "weak_type", "traceback", "__numpy_dtype__")
+"""Names of `jax.Array` that stock reads without a live buffer (also once deleted)."""
 
 HOST_METHODS = ("item", "tolist", "tobytes")
 """Public names of `jax.Array` that read the value on the host."""
@@ -80,6 +89,25 @@ def _forwarded(name: str) -> property:
   return property(get, doc=f"`jax.Array.{name}` of the zero-copy `jax.Array` view.")
 
 
+def _shard_reading(name: str) -> property:
+  def get(self):
+    return getattr(self._shard_array(_ACTION), name)
+  return property(get, doc=f"`jax.Array.{name}` of the zero-copy `jax.Array` view.")
+
+
+def _unchecked(name: str) -> property:
+  def get(self):
+    return getattr(self._arr, name)
+  return property(get, doc=f"`jax.Array.{name}` of the zero-copy `jax.Array` view.")
+
+
+def _shard_reading_unary(name: str):
+  def method(self, *args, **kwargs):
+    return getattr(self._shard_array(_ACTION), name)(*args, **kwargs)
+  method.__name__ = name
+  return method
+
+
 def _host_forwarded(name: str) -> property:
   def get(self):
     return getattr(self._host_array(), name)
@@ -101,9 +129,11 @@ def _is_scalar(self) -> bool:
 class _ArraySurface:
   """Mixin: operators, indexing, methods and conversions of `jax.Array`.
 
-  The class using it provides `_checked_array(action)` (the live view, or a
-  `RuntimeError` if deleted) and `_host_array()` (the view, after fetching
-  its value to the host as an implicit, guarded, recorded transfer).
+  The class using it provides `_arr` (the view), `_checked_array(action)`
+  (the live view, or a `RuntimeError` if deleted), `_shard_array(action)`
+  (the same, with its single-device arrays built, safely across threads) and
+  `_host_array()` (the view, after fetching its value to the host as an
+  implicit, guarded, recorded transfer).
   """
 
   __slots__ = ()
@@ -132,12 +162,19 @@ class _ArraySurface:
     return self._host_array().__format__(format_spec)
 
 
+def _define(names, make) -> None:
+  """Give `_ArraySurface` each of `names` that this JAX's `jax.Array` has."""
+  for name in names:
+    if hasattr(ArrayImpl, name):
+      setattr(_ArraySurface, name, make(name))
+
+
 for _name in _BINARY:
   setattr(_ArraySurface, _name, _binary(_name))
-for _name in _UNARY:
-  setattr(_ArraySurface, _name, _unary(_name))
-for _name in PUBLIC_METHODS:
-  setattr(_ArraySurface, _name, _forwarded(_name))
-for _name in HOST_METHODS:
-  setattr(_ArraySurface, _name, _host_forwarded(_name))
 del _name
+_define(_UNARY, _unary)
+_define(_SHARD_READING_UNARY, _shard_reading_unary)
+_define(PUBLIC_METHODS, _forwarded)
+_define(SHARD_READING_METHODS, _shard_reading)
+_define(UNCHECKED, _unchecked)
+_define(HOST_METHODS, _host_forwarded)

@@ -45,9 +45,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
-from jax_sharding_ext._array.family import buffers_id
+from jax_sharding_ext._array.family import buffers_id, is_untracked
 from jax_sharding_ext._array.gda import GlobalDeviceArray
+from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import dispatch as jax_dispatch
 from jax_sharding_ext._jax import donation as jax_donation
 from jax_sharding_ext._jax import tables as jax_tables
@@ -62,15 +64,20 @@ def parse_argnums(value: Any, name: str) -> tuple[int, ...]:
   """
   if value is None:
     return ()
-  if isinstance(value, (int,)) and not isinstance(value, bool):
-    return (value,)
+  if isinstance(value, bool | np.bool_):
+    raise TypeError(f"`{name}` must be an int or a sequence of ints, got {value!r}.")
+  if not isinstance(value, Iterable):
+    try:  # an int, a numpy integer, as `jax.jit` takes them
+      return (operator.index(value),)
+    except TypeError:
+      pass
   if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
     raise TypeError(
         f"`{name}` must be an int or a sequence of ints, got {value!r} "
         f"({type(value).__name__}). For example `{name}=(0, 2)`.")
   out = []
   for v in value:
-    if isinstance(v, bool):
+    if isinstance(v, bool | np.bool_):
       raise TypeError(f"`{name}` must contain ints, got {v!r} in {value!r}.")
     try:
       out.append(operator.index(v))
@@ -88,7 +95,8 @@ def donation_vector(donate_argnums: int | Iterable[int], args: Sequence[Any],
   Every leaf of positional argument `i` is donated when `i` is in
   `donate_argnums`; keyword arguments are never donated (as in the GDA era: use
   `jax.jit(..., donate_argnames=...)` for those). A `GlobalDeviceArray` is one
-  leaf. Negative argnums count from the end of `args`, as in `jax.jit`.
+  leaf. A negative argnum matches no argument, as in `jax.jit` (which donates
+  nothing for `donate_argnums=-1`), legacy `pjit` and the GDA-era helper.
 
   Args:
     donate_argnums: an int or an iterable of ints, positions in `args`.
@@ -103,9 +111,7 @@ def donation_vector(donate_argnums: int | Iterable[int], args: Sequence[Any],
     >>> donation_vector((0,), ((x, y), z), {"w": w})
     (True, True, False, False)
   """
-  nums = parse_argnums(donate_argnums, "donate_argnums")
-  n = len(args)
-  donated = {i + n if i < 0 else i for i in nums}
+  donated = set(parse_argnums(donate_argnums, "donate_argnums"))
   res: list[bool] = []
   for i, arg in enumerate(args):
     res.extend((i in donated,) * jax.tree_util.tree_structure(arg).num_leaves)
@@ -183,42 +189,69 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
     return
   info = jax_donation.current_call_donation()
   if info is None:
-    jax_dispatch.record_call(None, None, gdas, GlobalDeviceArray)
+    jax_dispatch.record_call(None, None, gdas, GlobalDeviceArray, _untracked_gda)
     return
-  jax_dispatch.record_call(info.args, info.donated, gdas, GlobalDeviceArray)
+  jax_dispatch.record_call(info.args, info.donated, gdas, GlobalDeviceArray, _untracked_gda)
   if not any(info.donated):
     return
+  pair = _donated_alias(info.args, info.donated)
+  if pair is None:
+    return
+  i, j = pair
+  x, other = info.args[i], info.args[j]
+  kind = ("the same GlobalDeviceArray" if other is x else
+          "views of the same device buffers")
+  raise RuntimeError(
+      f"Cannot donate {_arg_label(info, i)}: the same call also passes it as "
+      f"{_arg_label(info, j)} ({kind}: {_describe(x)}). A donated array's "
+      "buffers are reused for the outputs, so it can be passed only once per "
+      "call. Pass a copy for one of them (e.g. `jnp.copy(x)`), or remove it "
+      "from `donate_argnums` / `donate_argnames`. Nothing was executed or "
+      "donated.")
 
+
+def _untracked_gda(gda: Any) -> bool:
+  return is_untracked(gda._arr)
+
+
+def _donated_alias(args: Sequence[Any], donated: Sequence[bool]) -> tuple[int, int] | None:
+  """`(i, j)`: donated argument `i` shares buffers with argument `j`, or None.
+
+  Arrays of one family are found by family. A GDA of an untracked family may
+  share buffers with any array that has a buffer of its dtype and shard
+  shape on one of its devices, so those are compared by buffer address.
+  """
   array_t = jax_tables.ArrayImpl
-  positions: dict[int, list[int]] = {}
-  for i, x in enumerate(info.args):
+  arrays: dict[int, Any] = {}  # argument index -> the jax.Array handed over
+  for i, x in enumerate(args):
     t = type(x)
     if t is GlobalDeviceArray:
-      arr = x._arr
+      arrays[i] = x._arr
     elif t is array_t:
-      arr = x
-    else:
+      arrays[i] = x
+  by_family: dict[int, list[int]] = {}
+  for i, arr in arrays.items():
+    by_family.setdefault(buffers_id(arr), []).append(i)
+  for i, arr in arrays.items():
+    same = by_family[buffers_id(arr)]
+    if donated[i] and len(same) > 1:
+      return i, (same[0] if same[0] != i else same[1])
+  if not any(map(is_untracked, arrays.values())):
+    return None
+  by_shard: dict[tuple, list[int]] = {}
+  for i, arr in arrays.items():
+    if not arr.is_deleted():
+      by_shard.setdefault((arr.dtype, arr.sharding.shard_shape(arr.shape)), []).append(i)
+  for group in by_shard.values():
+    if (len(group) < 2 or not any(donated[i] for i in group)
+        or not any(is_untracked(arrays[i]) for i in group)):
       continue
-    positions.setdefault(buffers_id(arr), []).append(i)
-  for i, (x, donated) in enumerate(zip(info.args, info.donated, strict=True)):
-    if not donated:
-      continue
-    t = type(x)
-    if t is not GlobalDeviceArray and t is not array_t:
-      continue
-    same = positions[buffers_id(x._arr if t is GlobalDeviceArray else x)]
-    if len(same) < 2:
-      continue
-    j = same[0] if same[0] != i else same[1]
-    other = info.args[j]
-    kind = ("the same GlobalDeviceArray" if other is x else
-            "views of the same device buffers")
-    raise RuntimeError(
-        f"Cannot donate {_arg_label(info, i)}: the same call also passes it as "
-        f"{_arg_label(info, j)} ({kind}: {_describe(x)}). A donated array's "
-        "buffers are reused for the outputs, so it can be passed only once per "
-        "call. Pass a copy for one of them (e.g. `jnp.copy(x)`), or remove it "
-        "from `donate_argnums` / `donate_argnames`. Nothing was executed or "
-        "donated.")
-
-
+    where = {i: jax_buffers.addresses(arrays[i], owned=type(args[i]) is GlobalDeviceArray)
+             for i in group}
+    for i in group:
+      if donated[i]:
+        for j in group:
+          # An unknown address counts as shared: refusing is safe, running is not.
+          if j != i and (where[i] is None or where[j] is None or where[i] & where[j]):
+            return i, j
+  return None

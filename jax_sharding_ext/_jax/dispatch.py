@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from jax_sharding_ext._edit import STATE
@@ -203,13 +204,16 @@ def _alias_key(gda: Any) -> AliasKey:
   return key
 
 
-def record_call(args: Any, donated: Any, gdas: Any, view_type: type) -> None:
+def record_call(args: Any, donated: Any, gdas: Any, view_type: type,
+                loose: Callable[[Any], bool]) -> None:
   """Record on the call's dispatch keys whether an alias could hurt its executable.
 
   `args` / `donated` are the flat arguments of the running call and which
   are donated, or None when they could not be read (then nothing is
   recorded safe); `gdas` the batch of `view_type` arguments being handed to
-  the executable.
+  the executable. An alias of a GDA has its shape, dtype and sharding; for a
+  GDA where `loose(gda)`, whose buffers arrays the package does not track may
+  hold too, only its dtype and shard shape (on the shared device).
   """
   if args is None:  # the donation could not be read: never skip the check
     for g in gdas:
@@ -218,20 +222,29 @@ def record_call(args: Any, donated: Any, gdas: Any, view_type: type) -> None:
   keyed = [x for x in args if type(x) is view_type and x._key is not None]
   if not keyed:
     return
-  like: dict[tuple, list[int]] = {}  # (shape, dtype, sharding) -> [args, donated]
+  loose_keyed = {id(x) for x in keyed if loose(x)}  # by id: `==` of a view may raise
+  like: dict[tuple, list[int]] = {}  # key -> [args, donated]
   for x, d in zip(args, donated, strict=True):
     arr = x._arr if type(x) is view_type else x
     if type(arr) is ArrayImpl:
-      counts = like.setdefault(_like(arr), [0, 0])
-      counts[0] += 1
-      counts[1] += bool(d)
+      keys = [_like(arr)]
+      if loose_keyed and not arr.is_deleted():
+        keys.append(_loose_like(arr))
+      for key in keys:
+        counts = like.setdefault(key, [0, 0])
+        counts[0] += 1
+        counts[1] += bool(d)
   for x in keyed:
-    n_like, n_donated = like[_like(x._arr)]
+    n_like, n_donated = like[_loose_like(x._arr) if id(x) in loose_keyed else _like(x._arr)]
     _record(x, n_like == 1 or n_donated == 0)
 
 
 def _like(arr: Any) -> tuple:
   return (arr.shape, arr.dtype, arr.sharding)
+
+
+def _loose_like(arr: Any) -> tuple:
+  return ("shard", arr.dtype, arr.sharding.shard_shape(arr.shape))
 
 
 def _record(gda: Any, safe: bool) -> None:

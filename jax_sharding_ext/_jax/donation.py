@@ -36,6 +36,10 @@ import dataclasses
 # * `stages.Compiled.__call__` (AOT `jit(f).lower(...).compile()(...)`): the
 #   public `Compiled.donate_argnums` (flat indices) over the flattened
 #   `(args, kwargs)`.
+# Arguments the function does not use are pruned before the executable runs
+# (`MeshExecutable._kept_var_idx`, numbering the hoisted constants
+# (`sharded_const_args` / `Compiled._params.const_args`) first); only the
+# kept ones reach the executable, so only they can alias.
 # No public API exposes this; a JAX that renames these functions makes
 # `HAS_CALL_DONATION_INFO` False and the check is skipped (stock behaviour).
 # ---------------------------------------------------------------------------
@@ -95,11 +99,35 @@ def current_call_donation(max_depth: int = 24) -> CallDonation | None:
     args, donated = loc.get("args"), loc.get("donated_invars")
     if args is None or donated is None or len(args) != len(donated):
       return None
-    return CallDonation(tuple(args), tuple(donated), _dn_arg_names(frame, len(args)))
-  compiled = loc.get("self")  # `stages.Compiled.__call__`
-  args = jax.tree_util.tree_leaves((loc.get("args", ()), loc.get("kwargs", {})))
-  try:
-    donate = set(compiled.donate_argnums)
-  except Exception:  # pragma: no cover - a Compiled without args_info
+    names = _dn_arg_names(frame, len(args))
+    kept = _kept(getattr(loc.get("compiled"), "_kept_var_idx", None),
+                 loc.get("sharded_const_args"), len(args))
+  else:
+    compiled = loc.get("self")  # `stages.Compiled.__call__`
+    args = jax.tree_util.tree_leaves((loc.get("args", ()), loc.get("kwargs", {})))
+    try:
+      donate = set(compiled.donate_argnums)
+    except Exception:  # pragma: no cover - a Compiled without args_info
+      return None
+    donated, names = [i in donate for i in range(len(args))], None
+    kept = _kept(getattr(getattr(compiled, "_executable", None), "_kept_var_idx", None),
+                 getattr(getattr(compiled, "_params", None), "const_args", None), len(args))
+  if kept is not None:  # only what the executable receives can alias
+    args = [a for a, k in zip(args, kept, strict=True) if k]
+    donated = [d for d, k in zip(donated, kept, strict=True) if k]
+    names = None if names is None else tuple(n for n, k in zip(names, kept, strict=True) if k)
+  return CallDonation(tuple(args), tuple(donated), names)
+
+
+def _kept(kept_var_idx: Any, const_args: Any, n_args: int) -> list[bool] | None:
+  """Which of the call's `n_args` arguments the executable receives.
+
+  jit drops the arguments its function does not use (`keep_unused=False`)
+  before handing the rest to `shard_arg_handlers`; `kept_var_idx` numbers the
+  executable's parameters, the hoisted constants (`const_args`) first. None
+  when either could not be read (then every argument counts).
+  """
+  if kept_var_idx is None or const_args is None:
     return None
-  return CallDonation(tuple(args), tuple(i in donate for i in range(len(args))), None)
+  n_const = len(const_args)
+  return [i + n_const in kept_var_idx for i in range(n_args)]

@@ -195,6 +195,22 @@ def writes_in_place(arr, sharding, layout, copy_semantics) -> bool:
           and same_shard_placement(arr.sharding, sharding, arr.shape))
 
 
+def process_holds_value(sharding, shape) -> bool:
+  """True when this process's devices hold the whole value of an array of
+  `shape` with `sharding`: all its devices are this process's, it is fully
+  replicated, or (several processes) this process's devices cover every
+  distinct shard. The rule stock's `np.asarray(jax.Array)` applies
+  (`array._process_has_full_value_in_mcjax`, which jax 0.10.2 calls only for
+  arrays that are not fully replicated)."""
+  if sharding.is_fully_addressable:
+    return True
+  if sharding.is_fully_replicated and sharding.has_addressable_devices:
+    return True
+  return _process_has_full_value is not None and bool(_process_has_full_value(sharding,
+                                                                               tuple(shape)))
+
+
+_process_has_full_value = getattr(_array, "_process_has_full_value_in_mcjax", None)
 _sharding_indices_and_eq = getattr(_array, "_sharding_indices_and_eq", None)
 _fallback_check_via_indices = getattr(_array, "_fallback_check_via_indices", None)
 if _fallback_check_via_indices is None:  # pragma: no cover

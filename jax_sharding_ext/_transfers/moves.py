@@ -88,6 +88,13 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
     return jax_tables.batched_device_put(shape, dtype, sharding, values, devices)
 
 
+def adopts_device_values(values: Sequence[Any], devices: Sequence[Any]) -> bool:
+  """True when placing `values` adopts one of them: a `jax.Array` already on
+  its device becomes a shard as it is, without a copy."""
+  return not _all_host_data(values) and any(
+      isinstance(v, jax.Array) and _already_on(v, d) for v, d in zip(values, devices, strict=True))
+
+
 def _all_host_data(values: Sequence[Any]) -> bool:
   """True when no value is a `jax.Array`: one subclass test per distinct type,
   not one `isinstance` (an ABC check, ~0.13 us) per device."""
@@ -136,11 +143,11 @@ def _aot_mismatch_error(arrays, shardings, moving) -> ValueError:
 
 
 def to_host(gda, dtype=None) -> np.ndarray:
-  """Gather the global value of a fully addressable GDA as numpy."""
-  arr = gda._checked_array("fetch it to the host")
+  """The global value of a GDA whose value this process holds, as numpy."""
+  arr = gda._shard_array("fetch it to the host")
   if gda._host_fetched:  # the value is already on the host: nothing moves
     return np.asarray(arr, dtype=dtype)
-  if not arr.sharding.is_fully_addressable:
+  if not holds_value(arr):
     raise RuntimeError(
         f"Cannot convert {gda} to numpy: it spans devices of other processes "
         "(it is not fully addressable). Use "
@@ -150,10 +157,15 @@ def to_host(gda, dtype=None) -> np.ndarray:
   return _fetch(gda, arr, lambda: np.asarray(arr, dtype=dtype))
 
 
+def holds_value(arr) -> bool:
+  """True when this process holds `arr`'s whole value (stock's `np.asarray` rule)."""
+  return jax_transfer.process_holds_value(arr.sharding, arr.shape)
+
+
 def start_host_copy(gda) -> None:
   """`gda.copy_to_host_async()`: start the device_to_host transfer."""
-  arr = gda._checked_array("fetch it to the host")
-  if not arr.sharding.is_fully_addressable:  # local shards only; jaxlib guards each buffer
+  arr = gda._shard_array("fetch it to the host")
+  if not holds_value(arr):  # local shards only; jaxlib guards each buffer
     arr.copy_to_host_async()
   elif not gda._host_fetched:
     _fetch(gda, arr, arr.copy_to_host_async)
@@ -165,8 +177,8 @@ def embed_constant(gda, aval):
   Stock JAX's constant handler reads the array's value, an implicit
   device_to_host transfer (jaxlib guards it for a `jax.Array` too).
   """
-  arr = gda._checked_array("embed it as a constant")
-  if gda._host_fetched or not arr.sharding.is_fully_addressable:
+  arr = gda._shard_array("embed it as a constant")
+  if gda._host_fetched or not holds_value(arr):
     return jax_tables.array_constant_handler(arr, aval)
   return _fetch(gda, arr, lambda: jax_tables.array_constant_handler(arr, aval))
 

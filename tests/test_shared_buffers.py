@@ -1,0 +1,215 @@
+"""GDAs over buffers that other arrays hold too, and GDAs used from many threads.
+
+A GDA built over arrays the caller hands in (the constructor's
+`device_buffers`, a data callback returning arrays already on their devices,
+`from_batched_callback_with_devices`) shares their buffers: with the
+caller's single-device arrays and with whatever array those are shards of.
+One call that donates one of them and passes the other crashes stock jaxlib
+on several devices (SIGSEGV), so each case runs in a subprocess; the package
+must refuse it with its clear error, cold and warm.
+"""
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_sharding_ext import GlobalDeviceArray
+
+XY = P("x", "y")
+
+_PROGRAM = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    from jax_sharding_ext import GlobalDeviceArray as GDA
+
+    how, donate, warm = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "warm"
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+    data = np.arange(64, dtype=np.float32).reshape(8, 8)
+    mk = lambda: GDA.from_callback((8, 8), mesh, P("x", "y"), lambda i: data[i])
+
+    def adopt(g):
+      shards = g.local_shards
+      if how == "constructor":
+        return GDA(g.shape, g.mesh, g.mesh_axes, [s.data for s in shards])
+      if how == "device_buffers":
+        return GDA(g.shape, g.mesh, g.mesh_axes, g._device_buffers)
+      if how == "from_callback":
+        by_index = {str(s.index): s.data for s in shards}
+        return GDA.from_callback(g.shape, mesh, P("x", "y"), lambda i: by_index[str(i)])
+      if how == "from_batched_callback":
+        return GDA.from_batched_callback(g.shape, mesh, P("x", "y"),
+                                         lambda idx: [s.data for s in shards])
+      if how == "with_devices":
+        return GDA.from_batched_callback_with_devices(
+            g.shape, mesh, P("x", "y"), lambda entries: [s.data for s in shards])
+      if how == "jax_array":  # a stock array over the GDA's shards
+        return jax.make_array_from_single_device_arrays(
+            g.shape, g.sharding, [s.data for s in shards])
+      if how == "built_twice":  # two GDAs over the same single-device arrays
+        bufs = [jax.device_put(data[s.index], s.device) for s in shards]
+        first = GDA(g.shape, g.mesh, g.mesh_axes, bufs)
+        return first, GDA(g.shape, g.mesh, g.mesh_axes, bufs)
+      raise ValueError(how)
+
+    def aliasing_pair():
+      g = mk()
+      pair = adopt(g)
+      return pair if isinstance(pair, tuple) else (g, pair)
+
+    f = jax.jit(lambda a, b: (a + 1, b * 2), donate_argnums=donate)
+    if warm:  # later calls with these signatures skip Python
+      for _ in range(3):
+        f(mk(), mk())
+        f(aliasing_pair()[0], aliasing_pair()[1])  # the same kinds, no alias
+    a, b = aliasing_pair()
+    try:
+      jax.block_until_ready(f(a, b))
+      print("RAN")
+    except RuntimeError as e:
+      assert "Cannot donate" in str(e) and "views of the same device buffers" in str(e), e
+      assert not a.is_deleted() and not b.is_deleted()
+      np.testing.assert_array_equal(np.asarray(a), data)
+      np.testing.assert_array_equal(np.asarray(b), data)
+      print("REFUSED")
+""")
+
+ADOPTIONS = ["constructor", "device_buffers", "from_callback", "from_batched_callback",
+             "with_devices", "jax_array", "built_twice"]
+
+
+@pytest.mark.parametrize("warm", ["cold", "warm"])
+@pytest.mark.parametrize("donate", [0, 1])
+@pytest.mark.parametrize("how", ADOPTIONS)
+def test_donating_next_to_an_array_over_the_same_buffers_never_crashes(how, donate, warm):
+  """Stock jaxlib on 8 devices segfaults for these calls (for two plain
+  `jax.Array`s too); with a GDA among them the call is refused before
+  anything runs, whichever of the two is donated."""
+  proc = subprocess.run([sys.executable, "-c", _PROGRAM, how, str(donate), warm],
+                        capture_output=True, text=True, timeout=180)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip() == "REFUSED"
+
+
+def _gda(mesh, data=None):
+  data = np.arange(64, dtype=np.float32).reshape(8, 8) if data is None else data
+  return GlobalDeviceArray.from_callback(data.shape, mesh, XY, lambda i: data[i]), data
+
+
+def _ptrs(x):
+  return sorted(s.data.unsafe_buffer_pointer() for s in x.addressable_shards)
+
+
+def test_a_gda_over_handed_in_buffers_donates_like_a_jax_array(mesh_2d):
+  """Alone in a call, such a GDA is donated as stock donates the same
+  `jax.Array`: its buffers are reused and it is deleted, warm too."""
+  f = jax.jit(lambda a, b: a + b, donate_argnums=0)
+  for _ in range(3):
+    src, data = _gda(mesh_2d)
+    g = GlobalDeviceArray(src.shape, mesh_2d, XY, [jnp.copy(s.data) for s in src.local_shards])
+    other = jnp.ones((8, 8), jnp.float32)
+    ptrs = _ptrs(g)
+    out = f(g, other)
+    assert g.is_deleted()
+    assert _ptrs(out) == ptrs
+    np.testing.assert_array_equal(np.asarray(out), data + 1)
+
+
+def test_adoption_without_a_copy_is_kept(mesh_2d):
+  """The constructor and the callbacks adopt device arrays zero-copy, as in
+  the GDA era and as stock `make_array_from_callback` does."""
+  g, _ = _gda(mesh_2d)
+  shards = g.local_shards
+  by_index = {str(s.index): s.data for s in shards}
+  built = [
+      GlobalDeviceArray(g.shape, mesh_2d, XY, [s.data for s in shards]),
+      GlobalDeviceArray.from_callback(g.shape, mesh_2d, XY, lambda i: by_index[str(i)]),
+  ]
+  for b in built:
+    assert _ptrs(b) == _ptrs(g)
+
+
+def test_donating_a_gda_that_cannot_alias_the_others_keeps_the_fast_path(mesh_2d):
+  """A GDA over handed-in buffers only leaves jit's C++ fast path for calls
+  that donate an argument with a buffer of its dtype and shard shape."""
+  from jax_sharding_ext._jax import dispatch as jax_dispatch
+  src, _ = _gda(mesh_2d)
+  batch = GlobalDeviceArray(src.shape, mesh_2d, XY, [s.data for s in src.local_shards])
+  f = jax.jit(lambda p, b: p + b.sum(), donate_argnums=0)
+  params = jax.device_put(jnp.zeros((16,), jnp.int32), NamedSharding(mesh_2d, P("x")))
+  for _ in range(3):
+    params = f(params, batch)
+  (_, key) = jax_dispatch.view_flatten(batch)
+  assert key is not None and key.safe is None  # not yet recorded: a fresh key
+  before = f._cache_size()
+  params = f(params, batch)
+  assert f._cache_size() == before
+  np.testing.assert_array_equal(np.asarray(params), 4 * np.asarray(batch).sum())
+
+
+# ---------------------------------------------------------------------------
+# Threads. jaxlib builds an array's single-device arrays on first use, and not
+# safely across threads: stock `addressable_shards` of a fresh `jax.Array`
+# from 4 threads at once can corrupt the array for good. A GDA's conversions
+# and shard access never fail and never corrupt it.
+# ---------------------------------------------------------------------------
+
+USES = {
+    "to_jax_array": lambda g: g.to_jax_array(),
+    "local_shards": lambda g: g.local_shards,
+    "addressable_shards": lambda g: g.addressable_shards,
+    "global_shards": lambda g: g.global_shards,
+    "local_data": lambda g: g.local_data(3),
+    "_device_buffers": lambda g: g._device_buffers,
+    "np.asarray": np.asarray,
+    "copy_to_host_async": lambda g: g.copy_to_host_async(),
+    "iteration": lambda g: list(g),
+    "item of a row": lambda g: g[1].tolist(),
+    "on_device_size_in_bytes": lambda g: g.on_device_size_in_bytes(),
+    "from_jax_array": lambda g: GlobalDeviceArray.from_jax_array(g.to_jax_array()),
+}
+
+
+@pytest.fixture
+def fast_switching():
+  old = sys.getswitchinterval()
+  sys.setswitchinterval(1e-6)
+  yield
+  sys.setswitchinterval(old)
+
+
+@pytest.mark.parametrize("use", list(USES))
+def test_many_threads_never_corrupt_a_gda(mesh_2d, use, fast_switching):
+  fn = USES[use]
+  errors = []
+  data = np.arange(64, dtype=np.float32).reshape(8, 8)
+  for _ in range(40):
+    g, _ = _gda(mesh_2d, data)
+    start = threading.Barrier(4)
+
+    def work(g=g, start=start):
+      start.wait()
+      try:
+        for _ in range(2):
+          fn(g)
+      except Exception as e:  # any failure fails the test below
+        errors.append(repr(e))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    assert errors == []
+    np.testing.assert_array_equal(np.asarray(g), data)
+    np.testing.assert_array_equal(np.asarray(g.to_jax_array()), data)
+    assert sorted(s.device.id for s in g.local_shards) == list(range(8))
