@@ -34,7 +34,8 @@ _BINARY = tuple(f"__{op}__" for op in _OPERATORS) + tuple(f"__r{op}__" for op in
     "__lt__", "__le__", "__gt__", "__ge__",
 )
 _UNARY = ("__neg__", "__pos__", "__abs__", "__invert__", "__round__", "__array_namespace__")
-_SHARD_READING_UNARY = ("__iter__", "__dlpack_device__", "__buffer__", "__release_buffer__")
+_SHARD_READING_UNARY = ("__iter__", "__reversed__", "__dlpack_device__", "__buffer__",
+                        "__release_buffer__")
 """Methods whose stock implementation reads the array's single-device arrays."""
 
 PUBLIC_METHODS = (
