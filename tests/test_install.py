@@ -41,6 +41,8 @@ def _snapshot():
   snap["dispatch functions"] = {"_batched_device_put_impl": dispatch._batched_device_put_impl}
   # Replaced (no table exists) so `effects_barrier()` sees every thread's tokens.
   snap["dispatch objects"] = {"runtime_tokens": dispatch.runtime_tokens}
+  # Wrapped (no table exists) so a `Compiled` keeps the output flag it was compiled under.
+  snap["pxla methods"] = {"load": pxla.UnloadedMeshExecutable.__dict__["load"]}
   return snap
 
 

@@ -154,6 +154,50 @@ def test_eager_operations_stay_jax_arrays(mesh_2d):
   assert type(jax.jit(lambda v: v + 1).lower(x).compile()(x)) is GlobalDeviceArray
 
 
+EAGER = {
+    "x + 1": lambda x: x + 1, "x[0]": lambda x: x[0], "x.sum()": lambda x: x.sum(),
+    "jnp.sin": jnp.sin, "jnp.sum": lambda x: jnp.sum(x, axis=0), "jnp.dot": lambda x: x @ x,
+    "jax.nn.relu": jax.nn.relu, "jax.nn.gelu": jax.nn.gelu, "jax.nn.sigmoid": jax.nn.sigmoid,
+    "jax.nn.softmax": jax.nn.softmax, "jax.lax.sin": jax.lax.sin,
+    "jnp.where": lambda x: jnp.where(x > 3, x, 0.0), "x.at[0].set": lambda x: x.at[0].set(1.0),
+    "jax.tree.map": lambda x: jax.tree.map(lambda t: t * 0.5, x),
+}
+
+
+@pytest.mark.parametrize("name", list(EAGER))
+def test_the_flag_is_a_property_of_the_users_jit(mesh_2d, name):
+  """Under the user's `jax.jit`, every function follows the flag, whoever
+  defined it (`jax.jit(jax.nn.relu)`, a `custom_jvp` in JAX;
+  `jax.jit(jax.lax.sin)`, a plain function of JAX's); called eagerly, the
+  same function gives a `jax.Array` (JAX runs it as a jit of its own)."""
+  fn = EAGER[name]
+  gda, _ = _gda(mesh_2d)
+  x = gda.to_jax_array()
+  jax.config.update("jax_parallel_functions_output_gda", True)
+  assert type(fn(x)) is not GlobalDeviceArray
+  assert type(fn(gda)) is not GlobalDeviceArray
+  out = jax.jit(fn)(x)
+  assert type(out) is GlobalDeviceArray, type(out)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(fn(x)))
+  jax.config.update("jax_parallel_functions_output_gda", False)
+  assert type(jax.jit(fn)(x)) is not GlobalDeviceArray
+
+
+@pytest.mark.parametrize("when_called", [False, True], ids=["called-off", "called-on"])
+@pytest.mark.parametrize("when_compiled", [False, True], ids=["compiled-off", "compiled-on"])
+def test_a_compiled_follows_the_flag_it_was_compiled_under(mesh_2d, when_compiled, when_called):
+  """As in the GDA era, an AOT `Compiled` keeps the output type chosen when
+  it was compiled, whatever the flag is at its calls (its first included)."""
+  gda, data = _gda(mesh_2d)
+  with parallel_functions_output_gda(when_compiled):
+    compiled = jax.jit(lambda v: v * 3).lower(gda).compile()
+  for _ in range(2):
+    with parallel_functions_output_gda(when_called):
+      out = compiled(gda)
+    assert (type(out) is GlobalDeviceArray) is when_compiled
+    np.testing.assert_array_equal(np.asarray(out), 3 * data)
+
+
 def test_jax_array_option_is_there_for_gda_era_branches():
   """Code of JAX 0.3.18-0.4.x branches on `jax.config.jax_array` (flax,
   praxis, t5x `get_local_data`, orbax); it reads False by default, so such

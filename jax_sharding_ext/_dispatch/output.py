@@ -4,16 +4,22 @@ With the flag on, every output of the user's `jax.jit` / `pjit` calls whose
 sharding is a `NamedSharding` comes back as a `GlobalDeviceArray` (0-d
 included). As with the old flag, eager operations stay `jax.Array`: `x + 1`,
 `jnp.sum(x)` (JAX runs them as jits of its own functions, told apart when the
-executable is compiled, see `jax_frames.jitted_function_being_compiled`), and so
+executable is compiled), and so
 do outputs on a single device without a mesh and the result of
 `jax.device_put`.
 
+Which jits are the user's is decided per call of a jit (`jax_frames.is_jax_own_jit`):
+a function JAX defines follows the flag when the user jits it
+(`jax.jit(jax.nn.relu)`, `jax.jit(jax.lax.sin)`), as do JAX's functions
+called inside the user's jitted function (they are part of its program).
+
 The flag is part of JAX's jit cache key and trace context
 (`include_in_jit_key`, `include_in_trace_context`): the result handler is
-chosen when an executable is built, so flipping the flag has to select a
+chosen when an executable is compiled, so flipping the flag has to select a
 different executable from every cache (the C++ dispatch cache and the Python
 lowering/compilation caches), or a cached one would keep returning the old
-type.
+type. An AOT `Compiled` (`jit(f).lower(x).compile()`) keeps the flag it was
+compiled under, as in the GDA era.
 """
 
 from __future__ import annotations
@@ -58,18 +64,6 @@ def _wrap_output(arr):
   return GlobalDeviceArray._wrap(arr)
 
 
-def _is_jax_internal(fun) -> bool:
-  """True for functions JAX jits itself: eager primitives, `jax.numpy`, ...
-
-  A user's `jax.jit(jnp.sin)` jits the already-jitted `jnp.sin` object (it has
-  `.lower`), not JAX's raw function, so it counts as the user's.
-  """
-  if hasattr(fun, "lower"):
-    return False
-  module = getattr(fun, "__module__", None) or ""
-  return module == "jax" or module.startswith(("jax.", "jaxlib."))
-
-
 def result_handler(aval, sharding, committed):
   """Wraps whatever `ShapedArray` result handler was there before `install()`
   (JAX's own, normally): GDAs with the flag on, its own outputs otherwise."""
@@ -79,11 +73,13 @@ def result_handler(aval, sharding, committed):
       and not sharding.mesh.empty
       and jax_tables.is_plain_dtype(aval.dtype)
       and not jax_config.in_explicit_device_put()
-      and not _is_jax_internal(jax_frames.jitted_function_being_compiled())):
+      and not jax_frames.is_jax_own_jit(jax_frames.jitted_function_being_compiled())):
     return handler.wrap(_wrap_output)
   return handler
 
 
 _EDIT = jax_tables.TableEdit("global_result_handlers", jax_tables.global_result_handlers,
                              jax_tables.ShapedArray, result_handler)
-EDITS = [_EDIT]
+# A `Compiled` follows the flag as it was when it was compiled, as in the GDA
+# era: its result handlers are chosen then, not at its first call.
+EDITS = [_EDIT, jax_tables.EagerResultHandlersEdit()]

@@ -144,6 +144,37 @@ def jitted_function_being_compiled() -> Any:
   return None if frame is None else frame.f_locals.get("fun")
 
 
+# Which jits are JAX's own? JAX applies `jax.jit` to its own functions in
+# three ways, none of them the user's call of a jit: as a decorator on a
+# module-level function (`jnp.sin`, `jax.nn.sigmoid`, `lax_numpy._reduce_sum`:
+# the module attribute is then the jit, not the function it wraps), on a
+# private module-level function at run time, and on functions defined inside
+# other functions (`dispatch.apply_primitive`'s `prim_fun`, behind every eager
+# `x + 1`). A function JAX defines and exports undecorated (`jax.lax.sin`,
+# `jax.nn.gelu`, the `custom_jvp` object `jax.nn.relu`) is jitted only by
+# whoever calls `jax.jit` on it: the user.
+
+_JAX_MODULE_PREFIXES = ("jax.", "jaxlib.")
+
+
+def is_jax_own_jit(fun: Any) -> bool:
+  """True when `fun` (the function a jit cache miss compiles) is jitted by
+  JAX itself rather than by the user (see above)."""
+  if fun is None or hasattr(fun, "lower"):  # a jit of a jit object: the user's
+    return False
+  module = getattr(fun, "__module__", None) or ""
+  if not (module == "jax" or module.startswith(_JAX_MODULE_PREFIXES)):
+    return False
+  qualname = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or ""
+  parts = qualname.split(".")
+  if "<locals>" in parts or "<lambda>" in parts or any(p.startswith("_") for p in parts):
+    return True
+  owner: Any = sys.modules.get(module)
+  for part in parts:
+    owner = getattr(owner, part, None)
+  return owner is not fun  # the module exports a jit of it (or nothing)
+
+
 # --- AOT calls ----------------------------------------------------------------
 # A compiled executable (`jax.jit(...).lower(...).compile()`, also legacy
 # `pjit(...).lower(...).compile()`) checks its arguments' shardings in

@@ -118,6 +118,52 @@ def array_shard_arg(arrays, shardings, layouts, copy_semantics) -> Sequence[Any]
 global_result_handlers: dict[type, Callable[..., Any]] = _pxla.global_result_handlers
 ShapedArray = _core.ShapedArray
 
+# An executable's result handlers are built with its `unsafe_call`
+# (`pxla.UnloadedMeshExecutable.build_unsafe_call`), lazily: a jit cache miss
+# builds it right after compiling, but an AOT `Compiled` only at its first
+# call, so a handler that reads the config would see the config of that
+# first call, for ever after. `EagerResultHandlersEdit` builds it when the
+# executable is loaded (`UnloadedMeshExecutable.load`, every compilation in
+# jax 0.10.2 and 0.12.x), so that a `Compiled` keeps the config it was
+# compiled under. No table exists for this; the method is wrapped with a
+# reversible edit that refuses to clobber someone else's wrapper.
+
+_LOAD_OWNER = getattr(_pxla, "UnloadedMeshExecutable", None)
+
+
+class EagerResultHandlersEdit(Edit):
+  """Choose an executable's result handlers when it is compiled."""
+
+  name = "pxla.UnloadedMeshExecutable.load"
+
+  def __init__(self):
+    self.prev: Any = None
+    self.wrapper: Any = None
+
+  def _apply(self) -> None:
+    if _LOAD_OWNER is None or not hasattr(_LOAD_OWNER, "load"):  # pragma: no cover
+      return  # this JAX compiles elsewhere: handlers stay lazy (stock behaviour)
+    prev = _LOAD_OWNER.__dict__["load"]
+
+    def load(self_):
+      executable = prev(self_)
+      try:
+        _ = executable.unsafe_call  # builds the result handlers now
+      except Exception:  # pragma: no cover - left to the first call, as stock does
+        pass
+      return executable
+
+    self.prev, self.wrapper = prev, load
+    _LOAD_OWNER.load = load
+
+  def _revert(self) -> None:
+    if self.wrapper is None:  # pragma: no cover
+      return
+    if _LOAD_OWNER.__dict__.get("load") is not self.wrapper:
+      raise replaced_error(self.name)
+    _LOAD_OWNER.load = self.prev
+    self.prev = self.wrapper = None
+
 
 def is_plain_dtype(dtype) -> bool:
   """True for the dtypes a `GlobalDeviceArray` can hold (not float0/extended)."""
