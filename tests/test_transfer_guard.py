@@ -790,3 +790,35 @@ def test_guard_level_reader_matches_jax_config():
       with getattr(jax, f"transfer_guard_{direction}")(level):
         assert jax_transfer.transfer_guard_level(direction) == level
     assert jax_transfer.transfer_guard_level(direction) == "allow"
+
+
+@pytest.mark.parametrize("level", ["disallow", "disallow_explicit", "log"])
+@pytest.mark.parametrize("where", ["jit", "shard_map"])
+def test_effect_tokens_are_not_user_transfers(level, where, mesh_2d, guard_logs, capfd):
+  """A guarded loop with ordered prints works from its first step: JAX's
+  ordering tokens (an empty token placed on every device before the first
+  call) are JAX's bookkeeping, not the user's data, so no guard level
+  refuses or logs them and no ledger records them."""
+  from jax import shard_map
+  jax.clear_caches()
+  x = jax.device_put(np.arange(16.0).reshape(8, 2), NamedSharding(mesh_2d, P("x", "y")))
+  printed = []
+
+  def body(v):
+    jax.debug.callback(lambda s: printed.append(float(s)), v.sum(), ordered=True)
+    return v + 1
+
+  if where == "shard_map":
+    fn = jax.jit(shard_map(body, mesh=mesh_2d, in_specs=P("x", "y"), out_specs=P("x", "y")))
+  else:
+    fn = jax.jit(body)
+  capfd.readouterr()
+  with jse.transfer_ledger() as ledger, jax.transfer_guard(level):
+    for _ in range(3):
+      x = fn(x)
+    jse.effects_barrier()
+  assert len(printed) == (3 if where == "jit" else 24)
+  assert ledger.records == []
+  assert guard_logs() == []
+  err = capfd.readouterr().err
+  assert "transfer:" not in err, err  # jaxlib's "log" lines

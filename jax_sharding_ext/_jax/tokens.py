@@ -21,6 +21,7 @@ import jax
 from jax._src import dispatch as _fx_dispatch
 
 from jax_sharding_ext._edit import Edit, replaced_error
+from jax_sharding_ext._jax import transfer as jax_transfer
 
 _lock = threading.RLock()
 
@@ -121,7 +122,7 @@ class TrackedRuntimeTokens(RuntimeTokenSet):
   def get_token_input(self, eff, devices, *args, **kwargs):
     token = self.current_tokens.get(eff)
     if token is None:
-      return super().get_token_input(eff, devices, *args, **kwargs)
+      return self._placed_token(eff, devices, *args, **kwargs)
     if token_is_on(token, devices):
       # Stock waits for the previous computation's token, then places a
       # fresh empty token on every device (`_token_shard_arg`: a
@@ -143,7 +144,19 @@ class TrackedRuntimeTokens(RuntimeTokenSet):
       # token still running is passed on: if it fails, so does this call.)
       del self.current_tokens[eff]
       self.failed_tokens.append(token)
-    return super().get_token_input(eff, devices, *args, **kwargs)
+    return self._placed_token(eff, devices, *args, **kwargs)
+
+  def _placed_token(self, eff, devices, *args, **kwargs):
+    """Stock's token for `eff` on `devices`: a new empty one placed on them,
+    or the last one moved onto them. JAX's own bookkeeping, not the user's
+    data, so the transfer guard does not judge it (stock's guard would call
+    placing the first token a host_to_device transfer, and refuse it under
+    "disallow")."""
+    saved = jax_transfer.suspend_transfer_guards()
+    try:
+      return super().get_token_input(eff, devices, *args, **kwargs)
+    finally:
+      jax_transfer.restore_transfer_guards(saved)
 
   def clear(self):
     super().clear()
