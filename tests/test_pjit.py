@@ -477,3 +477,34 @@ def test_trailing_nones_fit_values_of_lower_rank(mesh_2d):
   np.testing.assert_array_equal(x, 2 * np.ones((8, 2)))
   assert ids.sharding.is_equivalent_to(NamedSharding(mesh_2d, P(("x", "y"))), 1)
   assert x.sharding.is_equivalent_to(NamedSharding(mesh_2d, spec), 2)
+
+
+@pytest.mark.parametrize("container", [list, tuple])
+@pytest.mark.parametrize("name", ["out_axis_resources", "out_shardings"])
+def test_out_specs_in_the_outputs_own_container(mesh_2d, container, name):
+  """A list of out specs for a function returning a list, a tuple for a
+  tuple, as GDA-era pjit and today's `jax.jit(out_shardings=...)` accept."""
+  x = np.arange(8.0)
+  f = pjit(lambda a: container([a, a * 2]), in_axis_resources=P("x"),
+           **{name: container([P("x"), P(None)])})
+  with jax.set_mesh(mesh_2d):
+    out = f(x)
+  assert type(out) is container
+  np.testing.assert_array_equal(out[1], 2 * x)
+  assert out[0].sharding.spec == P("x") and out[1].sharding.is_fully_replicated
+
+
+@pytest.mark.parametrize("name", ["out_axis_resources", "out_shardings"])
+def test_an_out_spec_mismatch_names_the_parameter_written(mesh_2d, name):
+  """Stock's error names `out_shardings` whatever the user wrote; for a
+  list against a tuple it calls the prefix "pjit out_shardings"."""
+  f = pjit(lambda a: (a, a), in_axis_resources=P("x"), **{name: [P("x"), P("x")]})
+  with jax.set_mesh(mesh_2d), pytest.raises(ValueError) as e:
+    f(np.arange(8.0))
+  msg = str(e.value)
+  assert f"pjit {name} specification must be a tree prefix" in msg
+  other = "out_shardings" if name == "out_axis_resources" else "out_axis_resources"
+  assert other not in msg
+  g = pjit(lambda a: a, in_axis_resources=P("x"), **{name: ()})
+  with jax.set_mesh(mesh_2d), pytest.raises(ValueError, match=f"{name}=()"):
+    g(np.arange(8.0))

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 
+from jax_sharding_ext._array.records import is_spec_leaf
 from jax_sharding_ext._jax import config as jax_config
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._pjit import resolve
@@ -113,29 +114,34 @@ def _jit_kwargs(spec: PjitSpec, static_kw: tuple, in_res: Any, out_res: Any) -> 
 
 def _target(spec: PjitSpec, static_kw: tuple) -> Callable:
   """The function `jax.jit` compiles: `fun` with the static keyword arguments
-  bound, and checked to return nothing when `out_shardings=()`."""
+  bound, and its outputs checked against the out specs when they are given."""
   fun = spec.fun
   if static_kw:
     # `jax.jit` refuses keyword arguments, static ones included, once
     # `in_shardings` is given (jax 0.10.2); bind them here instead. Static
     # values are hashable and part of the cache key, as in jit's own cache.
     fun = functools.partial(fun, **dict(static_kw))
-  if spec.out_given and spec.out_specs == ():
-    # Stock raises a bare AssertionError for `out_shardings=()` when the
-    # function returns anything but `()`; check at trace time instead.
-    inner, name = fun, spec.out_name
+  if not spec.out_given:
+    return fun
+  inner, name, specs = fun, spec.out_name, spec.out_specs
+  spec_tree = jax.tree_util.tree_structure(specs, is_leaf=is_spec_leaf)
 
-    @functools.wraps(spec.fun)
-    def fun(*args, **kwargs):
-      out = inner(*args, **kwargs)
-      if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(()):
-        raise ValueError(
-            f"pjit {name} specification must be a tree prefix of the outputs: "
-            f"got {name}=() (no outputs), but the function returned "
-            f"{jax.tree_util.tree_structure(out)}. Give one spec per output, or "
-            "one spec for all of them.")
-      return out
-  return fun
+  @functools.wraps(spec.fun)
+  def checked(*args, **kwargs):
+    # At trace time, so that a mismatch names the parameter the user wrote
+    # (stock names `out_shardings`, and raises a bare AssertionError for `()`).
+    out = inner(*args, **kwargs)
+    try:
+      spec_tree.flatten_up_to(out)
+    except ValueError:
+      raise ValueError(
+          f"pjit {name} specification must be a tree prefix of the outputs: got "
+          f"{name}={specs!r} (structure {spec_tree}), but the function returned "
+          f"{jax.tree_util.tree_structure(out)}. Give one spec per output with the "
+          "outputs' own containers (a list for a list, a tuple for a tuple), or one "
+          "spec for all of them.") from None
+    return out
+  return checked
 
 
 @jax_tracebacks.api_boundary

@@ -61,6 +61,10 @@ def parse(fun: Callable, in_axis_resources: Any, out_axis_resources: Any, static
     raise TypeError(f"`pjit` needs a callable as `fun`, got {type(fun).__name__}.")
   in_name, in_specs = _pick_spelling(in_axis_resources, in_shardings,
                                      "in_axis_resources", "in_shardings")
+  if isinstance(in_specs, list):
+    # Old pjit took a top-level list of in specs as the tuple of arguments
+    # (out specs stay as given: a list matches a function returning a list).
+    in_specs = tuple(in_specs)
   out_name, out_specs = _pick_spelling(out_axis_resources, out_shardings,
                                        "out_axis_resources", "out_shardings")
   in_leaves, in_treedef = ([], None) if in_specs is UNSPECIFIED else _check_leaves(
@@ -106,9 +110,7 @@ def _pick_spelling(old: Any, new: Any, old_name: str, new_name: str) -> tuple[st
     raise ValueError(
         f"`pjit` got both `{old_name}` and `{new_name}`; they are the old and new "
         "names of the same parameter. Pass only one.")
-  name, value = (new_name, new) if new is not UNSPECIFIED else (old_name, old)
-  # Old pjit turned a top-level list into a tuple (one entry per argument).
-  return name, tuple(value) if isinstance(value, list) else value
+  return (new_name, new) if new is not UNSPECIFIED else (old_name, old)
 
 
 def _check_leaves(specs: Any, what: str, *, allow_from_gda: bool) -> tuple[list, Any]:
