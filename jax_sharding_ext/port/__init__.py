@@ -1,16 +1,20 @@
-"""Porting GDA-era code: what needs this package, what needs a change, and the imports done.
+"""Porting GDA-era code in one command: `python -m jax_sharding_ext.port --write PATH...`.
 
 `python -m jax_sharding_ext.port PATH...` (or `jax-sharding-ext-port`) reads
-Python files and prints one finding per line, `path:line:col: CODE message`:
+Python files, notebooks (`.ipynb`, their code cells) or `-` (stdin) and
+prints one finding per line, `path:line:col: CODE message`:
 
 - `JSE1xx`: an import of a GDA-era name this package provides
   (`GlobalDeviceArray`, legacy `pjit`, `FROM_GDA`, `Mesh`, `PartitionSpec`,
   `multihost_utils`, `serialization`, the `global_device_array` module, ...).
-  `--write` rewrites these imports in place (`--diff` shows the diff).
 - `JSE2xx`: a use whose meaning changed (`jax.config.jax_array`,
-  `with mesh:`, stock `multihost_utils` reached through the `jax` module, ...).
-- `JSE3xx`: a JAX API removed with no replacement here (`jax.tree_map`,
-  `xmap`, `ShardedDeviceArray`, ...); the message names the modern one.
+  `with mesh:`, stock `multihost_utils` reached through a module, ...).
+- `JSE3xx`: a JAX API removed (`jax.tree_map`, `xmap`, `ShardedDeviceArray`,
+  a name the installed JAX does not have, ...).
+
+`--write` makes every change that has one meaning (the message of such a
+finding ends with "(--write fixes this)"), in place, and prints what is left;
+`--diff` shows the diff. What is left names the exact change to make.
 
 `check(source)` and `fix(source)` do the same for one module's source. They
 need libcst (`pip install 'jax-sharding-ext[port]'`), imported only when
@@ -46,13 +50,21 @@ def check(source: str | bytes, path: str = "<source>") -> list[Finding]:
 
   Raises `SyntaxError` when the source does not parse.
   """
-  return _load_engine().check(source, path)
+  engine = _load_engine()
+  if isinstance(source, bytes):
+    source = importlib.import_module("jax_sharding_ext.port._source").decode(source)[0]
+  return engine.check_text(source, path)
 
 
 def fix(source: str | bytes) -> str | bytes:
-  """`source` with its `JSE1xx` imports rewritten (same type as given).
+  """`source` with every fixable finding fixed (same type as given).
 
   Everything else is kept as written; fixing the result again changes nothing.
   Raises `SyntaxError` when the source does not parse.
   """
-  return _load_engine().fix(source)
+  engine = _load_engine()
+  if isinstance(source, bytes):
+    text_mod = importlib.import_module("jax_sharding_ext.port._source")
+    text, encoding, bom = text_mod.decode(source)
+    return text_mod.encode(engine.fix_text(text)[0], encoding, bom)
+  return engine.fix_text(source)[0]

@@ -1,145 +1,86 @@
-"""Finding GDA-era code in one module (libcst).
+"""Finding GDA-era code in one module, and planning every change `--write` makes (`ast`).
 
-One pass collects the import statements and every use of an imported name
-(the outermost attribute chain, resolved through imports and aliases by
-libcst's `QualifiedNameProvider`), the calls, the `with` items and the names
-bound to a `Mesh(...)`. The imports are planned first (`_imports`): a name
-bound by an import that `--write` points at this package is *redirected*, and
-its uses are judged by what they reach after the rewrite, so the findings
-left after `--write` are exactly the `JSE2xx` / `JSE3xx` ones of before.
+One walk (`_scope`) collects the imports, every use of a name (the outermost
+attribute chain, resolved through Python's scopes to the import it reaches),
+the calls, `with` items, decorators and watched attributes. The imports are
+planned first (`_imports`): a name bound by an import that `--write` points
+elsewhere is *redirected*, and its uses are judged by what they reach after
+the rewrite. A use is then, by the longest matching prefix of its symbol:
+renamed (`_rules.RENAMES`: fixed in place), reported (`_reports.REPORTS`), or,
+under `jax`, checked against the installed JAX (`JSE311` when missing). The
+rules on values (`with mesh:`, `.device_buffers`, ...) are in `_values`. An
+import of a removed name that nothing uses once the rewrites are made goes.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+import ast
 
-import libcst as cst
-from libcst.helpers import get_full_name_for_node
-from libcst.metadata import (
-  MetadataWrapper,
-  PositionProvider,
-  QualifiedNameProvider,
-  QualifiedNameSource,
-)
+from jax_sharding_ext.port import _imports, _jaxnames, _names, _reports, _rules, _scope, _values
+from jax_sharding_ext.port._context import Context, is_jax
+from jax_sharding_ext.port._imports import Note, Plan
+from jax_sharding_ext.port._source import Edit
 
-from jax_sharding_ext.port import _imports, _names, _reports, _rules
-from jax_sharding_ext.port._finding import Finding
-from jax_sharding_ext.port._imports import Note
-
-_ROOTS = ("jax", "jaxlib", _rules.PKG)
-_MESH_CLASSES = frozenset({"jax.sharding.Mesh", f"{_rules.PKG}.Mesh", "jax.experimental.maps.Mesh",
-                           "jax.interpreters.pxla.Mesh"})
-_MESH_NAME = re.compile(r"(^|_)mesh$", re.IGNORECASE)
-_MESH_FACTORY = re.compile(r"^(create|make)_(\w+_)?mesh$")  # jax.make_mesh, create_global_mesh
-_WSC = frozenset({"jax.lax.with_sharding_constraint",
-                  "jax.experimental.pjit.with_sharding_constraint"})
+_SIMPLE = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.Pass, ast.Expr)
 
 
-def _base_name(node: cst.BaseExpression) -> str | None:
-  while isinstance(node, cst.Attribute):
-    node = node.value
-  return node.value if isinstance(node, cst.Name) else None
-
-
-class _Collector(cst.CSTVisitor):
-  """Imports, uses of imported names, calls, `with` items, `name = f(...)`."""
-  METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider)
-
-  def __init__(self, symbols) -> None:
-    super().__init__()
-    self.symbols = symbols
-    self.imports: list[cst.Import | cst.ImportFrom] = []
-    self.uses: list[cst.Name | cst.Attribute] = []
-    self.calls: list[cst.Call] = []
-    self.with_items: list[cst.WithItem] = []
-    self.assigned_calls: list[tuple[str, cst.Call]] = []
-
-  def visit_Import(self, node: cst.Import) -> bool:
-    self.imports.append(node)
+def _import_resolves(node: ast.Import | ast.ImportFrom) -> bool:
+  """Whether this import runs on today's JAX once `--write` made its rewrites
+  (only JAX's and this package's names can be told)."""
+  if isinstance(node, ast.Import):
+    return all(a.name.split(".")[0] in (*_jaxnames.ROOTS, _rules.PKG)
+               and (_rules.fix_for(a.name) is not None or _jaxnames.is_module(a.name))
+               for a in node.names)
+  if node.level or not node.module:
     return False
-
-  def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-    self.imports.append(node)
+  if node.module.split(".")[0] not in (*_jaxnames.ROOTS, _rules.PKG):
     return False
-
-  def _use(self, node: cst.Name | cst.Attribute) -> bool:
-    if self.symbols(node):
-      self.uses.append(node)
-      return False  # the inner parts of the chain are prefixes of this one
-    return True
-
-  def visit_Attribute(self, node: cst.Attribute) -> bool:
-    return self._use(node)
-
-  def visit_Name(self, node: cst.Name) -> bool:
-    return self._use(node)
-
-  def visit_Call(self, node: cst.Call) -> None:
-    self.calls.append(node)
-
-  def visit_WithItem(self, node: cst.WithItem) -> None:
-    self.with_items.append(node)
-
-  def visit_Assign(self, node: cst.Assign) -> None:
-    if isinstance(node.value, cst.Call):
-      for target in node.targets:
-        if isinstance(target.target, cst.Name):
-          self.assigned_calls.append((target.target.value, node.value))
+  if node.names[0].name == "*":
+    return _jaxnames.is_module(node.module)
+  return all(_rules.fix_for(f"{node.module}.{a.name}") is not None
+             or (_jaxnames.has(f"{node.module}.{a.name}") and is_jax(node.module))
+             or node.module.split(".")[0] == _rules.PKG for a in node.names)
 
 
-class _Judge:
-  """Turns what the collector saw into notes, knowing the import plans."""
+def dead_try(node: ast.Try) -> bool:
+  """A `try` whose body only imports names today's JAX has: its `except
+  ImportError` branches never run."""
+  body = node.body
+  imports = [s for s in body if isinstance(s, ast.Import | ast.ImportFrom)]
+  return (bool(imports) and all(isinstance(s, _SIMPLE) for s in body)
+          and all(_import_resolves(s) for s in imports))
 
-  def __init__(self, qnames: Mapping, redirects: dict[str, tuple[str, str]]) -> None:
-    self.qnames = qnames
-    self.redirects = redirects
-    self.notes: list[Note] = []
-    self._code = cst.Module([]).code_for_node
 
-  def symbols(self, node: cst.CSTNode) -> list[str]:
-    """The imported names `node` reaches, as `a.b.c` (JAX's and this package's)."""
-    names = self.qnames.get(node, ())
-    names = names() if callable(names) else names  # libcst resolves them lazily
-    return sorted(n.name for n in names
-                  if n.source is QualifiedNameSource.IMPORT and n.name.split(".")[0] in _ROOTS)
+class _Uses:
+  """Judges the uses of imported names; counts, per import alias, its uses
+  and how many of them a rename rewrites."""
 
-  def shown(self, node: cst.CSTNode) -> str:
-    """`node` as written, on one line; an expression longer than 60 characters is
-    cut (a dotted name never is)."""
-    text = " ".join(self._code(node).split())
-    if len(text) <= 60 or isinstance(node, cst.Name | cst.Attribute):
-      return text
-    return text[:57] + "..."
+  def __init__(self, ctx: Context) -> None:
+    self.ctx = ctx
+    self.total: dict[int, int] = {}
+    self.rewritten: dict[int, int] = {}
+    self.missing_left: set[str] = set()  # symbols JAX lacks that stay as written
 
-  def effective(self, symbol: str, base: str | None) -> tuple[str, bool]:
-    """The symbol as the code reaches it after `--write`, and whether it moved."""
-    if base in self.redirects:
-      old, new = self.redirects[base]
-      if symbol == old or symbol.startswith(old + "."):
-        return new + symbol[len(old):], True
-    return symbol, False
-
-  def effective_symbols(self, node: cst.BaseExpression) -> list[str]:
-    base = _base_name(node)
-    return [self.effective(s, base)[0] for s in self.symbols(node)]
-
-  def add(self, node: cst.CSTNode, code: str, message: str) -> None:
-    self.notes.append(Note(node, code, message))
-
-  def judge_use(self, node: cst.Name | cst.Attribute) -> None:
-    base = _base_name(node)
-    for symbol in self.symbols(node):
-      target, moved = self.effective(symbol, base)
-      if target.split(".")[0] == _rules.PKG:
-        self._package_use(node, target)
-      elif not moved:
-        self._removed_use(node, target)
-      obj, _, option = target.rpartition(".")
+  def judge(self, node: ast.expr, parts: list[str], scope: _scope.Scope) -> None:
+    ctx = self.ctx
+    for binding in ctx.bindings(parts[0], scope):
+      key = id(binding.alias)
+      self.total[key] = self.total.get(key, 0) + 1
+      if id(node) in ctx.consumed:  # a call rule rewrote it
+        self.rewritten[key] = self.rewritten.get(key, 0) + 1
+        continue
+      symbol, moved = ctx.effective(binding, parts[1:])
+      base_len = len(symbol.split(".")) - (len(parts) - 1)
+      if symbol.split(".")[0] == _rules.PKG:
+        self._package_use(node, symbol)
+      elif is_jax(symbol) and (not moved or len(parts) > 1):
+        if self._removed_use(node, symbol, base_len, scope):
+          self.rewritten[key] = self.rewritten.get(key, 0) + 1
+      obj, _, option = symbol.rpartition(".")
       if obj in _reports.CONFIG_OBJECTS:
-        self._option(node, option, "read")
+        _values.option(ctx, node, option, "read")
 
-  def _package_use(self, node: cst.CSTNode, symbol: str) -> None:
+  def _package_use(self, node: ast.expr, symbol: str) -> None:
     """A use of this package: a name it does not have."""
     parts = symbol.split(".")
     if len(parts) >= 3 and ".".join(parts[:2]) in _rules.package_modules():
@@ -149,93 +90,129 @@ class _Judge:
     else:
       return
     if name not in _names.provided(module):
-      self.add(node, "JSE307", _reports.JSE307_MISSING.format(
-          shown=self.shown(node), module=module, name=name))
+      self.ctx.note(node, "JSE307", _reports.JSE307_MISSING.format(
+          shown=self.ctx.shown(node), module=module, name=name))
 
-  def _removed_use(self, node: cst.CSTNode, symbol: str) -> None:
-    """A GDA-era or removed name where no import rewrite reaches: the longest
-    match wins, a report over a fix of the same length."""
-    parts = symbol.split(".")
+  def _removed_use(self, node: ast.expr, symbol: str, base_len: int,
+                   scope: _scope.Scope) -> bool:
+    """Judges a JAX symbol no import rewrite reaches; True when renamed."""
+    ctx = self.ctx
+    rename = _rules.rename_for(symbol)
     found = _reports.report_for(symbol)
+    rename_len = len(rename[1].split(".")) if rename else 0
     report_len = len(found[0].removesuffix(".*").split(".")) if found else 0
-    for n in range(len(parts), report_len, -1):
-      fix = _rules.fix_for(".".join(parts[:n]))
-      if fix is not None and fix.gone and _rules.replaced_module(".".join(parts[:n])) is None:
-        name = parts[n - 1]
-        self.add(node, "JSE306", _reports.JSE306.format(
-            shown=self.shown(node), why=fix.why, name=name,
-            import_=_imports.import_text(fix.targets[0], name, None)))
-        return
+    if rename and rename_len >= report_len and rename_len >= base_len:
+      return self._rename(node, symbol, rename, base_len, scope)
     if found is not None:
-      self.add(node, found[1].code, _reports.render(found[0], found[1], self.shown(node)))
-
-  def _option(self, node: cst.CSTNode, option: str, how: str) -> None:
-    """A config option this package defines, or one JAX removed, read or set."""
-    if option in _reports.OPTIONS:
-      code, template = ("JSE202", _reports.JSE202) if how == "update" else (
-          "JSE201", _reports.JSE201)
-      self.add(node, code, template.format(
-          shown=self.shown(node), option=option, why=_reports.OPTIONS[option]))
-    elif option in _reports.REMOVED_OPTIONS:
-      code, template = _reports.REMOVED_OPTIONS[option]
-      self.add(node, code, template.format(shown=self.shown(node)))
-
-  def judge_call(self, call: cst.Call) -> None:
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
-    first = positional[0].value if positional else None
-    option = first.evaluated_value if isinstance(first, cst.SimpleString) else None
-    for func in self.effective_symbols(call.func):
-      obj, _, method = func.rpartition(".")
-      if obj in _reports.CONFIG_OBJECTS and method in ("update", "read") and option:
-        self._option(call, option, method)
-      if func in _WSC and "axis_resources" in keywords:
-        self.add(call, "JSE310", _reports.JSE310.format(shown=self.shown(call.func)))
-
-  def is_mesh_call(self, node: cst.BaseExpression) -> bool:
-    """A call of a `Mesh` class (through any import), or of a `make_..._mesh` /
-    `create_..._mesh` function (`jax.make_mesh`, a test's `create_global_mesh`)."""
-    if not isinstance(node, cst.Call):
-      return False
-    func = node.func
-    name = func.value if isinstance(func, cst.Name) else (
-        func.attr.value if isinstance(func, cst.Attribute) else "")
-    return bool(_MESH_FACTORY.match(name)) or any(
-        s in _MESH_CLASSES for s in self.effective_symbols(func))
-
-  def judge_with(self, item: cst.WithItem, mesh_names: set[str]) -> None:
-    expr = item.item
-    if isinstance(expr, cst.Name | cst.Attribute):
-      last = expr.value if isinstance(expr, cst.Name) else expr.attr.value
-      is_mesh = bool(_MESH_NAME.search(last)) or get_full_name_for_node(expr) in mesh_names
+      ctx.note(node, found[1].code, _reports.render(found[0], found[1], ctx.shown(node)))
     else:
-      is_mesh = self.is_mesh_call(expr)
-    if is_mesh:
-      self.add(expr, "JSE204", _reports.JSE204.format(shown=self.shown(expr)))
+      note = _imports.missing_note(node, symbol, ctx.shown(node))
+      if note is not None:
+        ctx.notes.append(note)
+    if found is None or found[1].gone:
+      if not _jaxnames.has(symbol):
+        self.missing_left.add(symbol)
+    return False
+
+  def _rename(self, node: ast.expr, symbol: str, rename: tuple[str, str, str],
+              base_len: int, scope: _scope.Scope) -> bool:
+    ctx = self.ctx
+    code, prefix, new = rename
+    target = new + symbol[len(prefix):]
+    # The chain node that spells `prefix`, and the text that replaces it.
+    sub: ast.expr = node
+    for _ in range(len(symbol.split(".")) - len(prefix.split("."))):
+      sub = sub.value  # type: ignore[attr-defined]
+    old_parent, _, old_last = prefix.rpartition(".")
+    new_parent, _, new_last = new.rpartition(".")
+    shown = ctx.shown(node)
+    if old_parent == new_parent and isinstance(sub, ast.Attribute):
+      end = ctx.text.end(sub)
+      edits = [Edit(end - len(sub.attr), end, new_last)]
+      spelled: tuple[str, tuple[str, ...]] | None = ("", ())
+    else:
+      spelled = ctx.spell(new, scope)
+      edits = [] if spelled is None else [Edit(ctx.text.start(sub), ctx.text.end(sub),
+                                                spelled[0])]
+    message = _rename_message(code, shown, prefix, symbol, target)
+    if spelled is None:
+      ctx.note(node, code, message)
+      return False
+    ctx.note(node, code, message, edits, spelled[1])
+    return True
 
 
-def analyze(wrapper: MetadataWrapper, path: str) -> tuple[list[Finding], dict[int, _imports.Plan]]:
-  """The findings of one module, and the rewrite plans of its imports keyed by
-  `id(statement)` (only those that change)."""
-  qnames = wrapper.resolve(QualifiedNameProvider)
-  judge = _Judge(qnames, {})
-  collector = _Collector(judge.symbols)
-  wrapper.visit(collector)
-  plans = {id(node): (_imports.plan_import(node) if isinstance(node, cst.Import)
-                      else _imports.plan_import_from(node)) for node in collector.imports}
-  for plan in plans.values():
-    judge.redirects.update(plan.redirects)
-    judge.notes.extend(plan.notes)
-  for use in collector.uses:
-    judge.judge_use(use)
-  for call in collector.calls:
-    judge.judge_call(call)
-  mesh_names = {name for name, call in collector.assigned_calls if judge.is_mesh_call(call)}
-  for item in collector.with_items:
-    judge.judge_with(item, mesh_names)
-  positions = wrapper.resolve(PositionProvider)
-  findings = set()
-  for note in judge.notes:
-    start = positions[note.node].start
-    findings.add(Finding(path, start.line, start.column + 1, note.code, note.message))
-  return sorted(findings), {k: v for k, v in plans.items() if v.groups}
+def _rename_message(code: str, shown: str, prefix: str, symbol: str, target: str) -> str:
+  if code == "JSE305":
+    return _reports.JSE305.format(shown=shown, new=target)
+  if code == "JSE203":
+    name = symbol.split(".")[len(prefix.split("."))]
+    return _reports.JSE203.format(shown=shown, name=name, what=_reports.MHU_WHAT.get(
+        name, "does not treat a GDA as one global array"), new=target)
+  message = _reports.JSE306.format(shown=shown, old=prefix, new=target)
+  return message.removeprefix(f"`{shown}`: ") if shown == prefix else message
+
+
+def _plan(stmt: _scope.ImportStmt, ctx: Context, drop: frozenset[str] = frozenset()) -> Plan:
+  node = stmt.node
+  if isinstance(node, ast.Import):
+    return _imports.plan_import(node, drop)
+  return _imports.plan_import_from(node, ctx.text.line(node.lineno), drop)
+
+
+def _drops(ctx: Context, uses: _Uses) -> dict[int, frozenset[str]]:
+  """Per import statement, the names to drop (or, for `import a.b.c`, to make
+  `import a`): imports of names today's JAX lacks whose uses all get rewritten."""
+  out: dict[int, frozenset[str]] = {}
+  for stmt in ctx.walk.imports:
+    if stmt.guarded:
+      continue
+    node, names = stmt.node, set()
+    for alias in node.names:
+      if isinstance(node, ast.Import) and alias.asname is None:
+        if (is_jax(alias.name) and not _jaxnames.is_module(alias.name)
+            and not any(s == alias.name or s.startswith(alias.name + ".")
+                        for s in uses.missing_left)):
+          names.add(alias.name)
+        continue
+      if isinstance(node, ast.ImportFrom) and (node.level or not node.module
+                                               or alias.name == "*"):
+        continue
+      symbol = alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
+      key = id(alias)
+      if (is_jax(symbol) and _rules.fix_for(symbol) is None and not _jaxnames.has(symbol)
+          and uses.rewritten.get(key, 0) and uses.rewritten[key] == uses.total.get(key)):
+        names.add(alias.asname or alias.name)
+    if names:
+      out[id(node)] = frozenset(names)
+  return out
+
+
+def analyze(tree: ast.Module, ctx: Context) -> None:
+  """Fills `ctx.notes` and `ctx.plans` (the import statements that change)."""
+  walk = ctx.walk
+  plans = {id(s.node): _plan(s, ctx) for s in walk.imports}
+  for stmt in walk.imports:
+    plan = plans[id(stmt.node)]
+    for alias in stmt.node.names:
+      local = alias.asname or alias.name
+      if local in plan.redirects:
+        ctx.redirects[id(alias)] = plan.redirects[local]
+  _values.judge_calls(ctx)
+  uses = _Uses(ctx)
+  for node, parts, scope in walk.uses:
+    uses.judge(node, parts, scope)
+  _values.judge_values(ctx)
+  drops = _drops(ctx, uses)
+  for stmt in walk.imports:
+    if id(stmt.node) in drops:
+      plans[id(stmt.node)] = _plan(stmt, ctx, drops[id(stmt.node)])
+  for stmt in walk.imports:
+    plan = plans[id(stmt.node)]
+    ctx.notes.extend(plan.notes)
+    if plan.changed:
+      ctx.plans[id(stmt.node)] = plan
+
+
+def import_notes(ctx: Context) -> list[Note]:
+  return [n for p in ctx.plans.values() for n in p.notes]

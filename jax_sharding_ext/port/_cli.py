@@ -1,8 +1,11 @@
 """`python -m jax_sharding_ext.port PATH...`: the command line of the porting tool.
 
-Exit status: 0 no findings, 1 findings remain, 2 a usage error (a path that
-cannot be read, a file that does not parse, libcst missing). Every file is
-read and parsed before anything is written, so on a usage error nothing is.
+Files are handled one at a time (read, checked, rewritten with `--write`),
+so memory does not grow with the tree. A file that cannot be read or does
+not parse is reported on stderr and the run goes on; the exit status is then
+2. Otherwise it is 1 when findings are left (those not `--ignore`d), else 0.
+`-` reads a module from stdin; with `--write` the rewritten module goes to
+stdout and the findings left to stderr.
 """
 
 from __future__ import annotations
@@ -10,148 +13,207 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import os
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from jax_sharding_ext.port import LIBCST_MISSING
+from jax_sharding_ext.port import LIBCST_MISSING, _files
 from jax_sharding_ext.port._finding import Finding
 
 PROG = "jax-sharding-ext-port"
-_SKIP_DIRS = ("__pycache__", "node_modules", "site-packages")
-
-
-class UsageError(Exception):
-  """A path that cannot be read or a file that does not parse: exit status 2."""
 
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-      prog=PROG, description="Find the GDA-era JAX code that needs jax_sharding_ext (JSE1xx, "
-      "imports --write rewrites), whose meaning changed (JSE2xx) or that JAX removed (JSE3xx).")
+      prog=PROG, description="Find the GDA-era JAX code that needs jax_sharding_ext or a "
+      "change (JSE1xx imports, JSE2xx changed meanings, JSE3xx removed APIs), and with "
+      "--write make every change that has one meaning.")
   p.add_argument("paths", nargs="*", metavar="PATH",
-                 help="Python files, or directories to search for *.py files")
+                 help="Python files, notebooks (.ipynb), directories to search for them, "
+                 "or - for stdin")
   mode = p.add_mutually_exclusive_group()
   mode.add_argument("--write", action="store_true",
-                    help="rewrite the JSE1xx imports in place, then print what is left")
+                    help="make every change marked '(--write fixes this)' in place, then "
+                    "print what is left")
   mode.add_argument("--diff", action="store_true",
                     help="print the unified diff --write would make; write nothing")
   p.add_argument("--ignore", default="", metavar="CODES",
                  help="comma-separated codes or prefixes (JSE201,JSE3) not to print or count; "
-                 "--write still rewrites every JSE1xx import")
+                 "--write still fixes them")
   p.add_argument("--codes", action="store_true", help="list the finding codes and exit")
   return p
 
 
-def _files(paths: Sequence[str]) -> list[tuple[str, pathlib.Path]]:
-  """(path as shown, path) of every file to read, each once, in a stable order."""
-  out: list[tuple[str, pathlib.Path]] = []
-  seen: set[pathlib.Path] = set()
-  for arg in paths:
-    path = pathlib.Path(arg)
-    if path.is_dir():
-      found = []
-      for root, dirs, names in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
-        found += [pathlib.Path(root, n) for n in sorted(names) if n.endswith(".py")]
-      pairs = [(str(f), f) for f in found]
-    elif path.is_file():
-      pairs = [(arg, path)]
-    else:
-      raise UsageError(f"{arg}: no such file or directory")
-    for shown, f in pairs:
-      if f.resolve() not in seen:
-        seen.add(f.resolve())
-        out.append((shown, f))
-  return out
-
-
-def _read_all(engine, files):
-  """[(shown, path, source bytes, module)], or a UsageError naming the file."""
-  parsed = []
-  for shown, path in files:
-    try:
-      source = path.read_bytes()
-    except OSError as e:
-      raise UsageError(f"{shown}: cannot read: {e.strerror or e}") from None
-    try:
-      parsed.append((shown, path, source, engine.parse(source, shown)))
-    except SyntaxError as e:
-      where = f"{shown}:{e.lineno}:{e.offset or 1}" if e.lineno else shown
-      raise UsageError(f"{where}: does not parse: {e.msg}") from None
-  return parsed
-
-
-def _ignored(codes: str):
+def _ignored(codes: str) -> Callable[[Finding], bool]:
   prefixes = tuple(c.strip().upper() for c in codes.split(",") if c.strip())
   return lambda f: bool(prefixes) and f.code.startswith(prefixes)
-
-
-def _print_findings(findings: list[Finding], ignore, out: TextIO) -> int:
-  shown = [f for f in findings if not ignore(f)]
-  for f in shown:
-    print(f, file=out)
-  return len(shown)
 
 
 def _plural(n: int, word: str) -> str:
   return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def _mentions_jax(raw: bytes) -> bool:
+  return b"jax" in raw or b"orbax" in raw
+
+
 @dataclasses.dataclass
-class _File:
-  shown: str
-  path: pathlib.Path
-  source: bytes
-  findings: list[Finding]
-  fixed: bytes
+class _Run:
+  args: argparse.Namespace
+  engine: object
+  out: TextIO
+  err: TextIO
+  ignore: Callable[[Finding], bool]
+  files: int = 0
+  errors: int = 0
+  shown_findings: int = 0
+  fixable: int = 0
+  fixed: int = 0
+  changed: int = 0
+
+  def error(self, message: str) -> None:
+    self.errors += 1
+    print(f"{PROG}: error: {message}", file=self.err)
+
+  def report(self, findings: list[Finding], stream: TextIO | None = None) -> None:
+    for f in findings:
+      if not self.ignore(f):
+        self.shown_findings += 1
+        print(f, file=stream or self.out)
+
+  def diff(self, shown: str, before: str, after: str) -> None:
+    self.out.writelines(difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True),
+        f"a/{shown}", f"b/{shown}"))
 
 
-def _diff(files: list[_File], out: TextIO) -> None:
-  for f in files:
-    out.writelines(difflib.unified_diff(
-        f.source.decode("utf-8", "replace").splitlines(keepends=True),
-        f.fixed.decode("utf-8", "replace").splitlines(keepends=True),
-        f"a/{f.shown}", f"b/{f.shown}"))
+def _fix(run: _Run, text: str, shown: str) -> tuple[str, list[Finding], list[Finding]]:
+  """(fixed text, findings before, findings left), or raises SyntaxError / RuntimeError."""
+  return run.engine.fix_text(text, shown)  # type: ignore[attr-defined]
+
+
+def _python(run: _Run, shown: str, path: str, raw: bytes) -> None:
+  from jax_sharding_ext.port import _source
+  if not _mentions_jax(raw):
+    if path == "-" and run.args.write:
+      sys.stdout.buffer.write(raw)
+    return
+  text, encoding, bom = _source.decode(raw)
+  if not (run.args.write or run.args.diff):
+    findings = run.engine.check_text(text, shown)  # type: ignore[attr-defined]
+    run.fixable += sum(f.fixable and not run.ignore(f) for f in findings)
+    run.report(findings)
+    return
+  fixed, before, left = _fix(run, text, shown)
+  if run.args.diff:
+    run.fixable += sum(f.fixable for f in before)
+    run.shown_findings += sum(not run.ignore(f) for f in before)
+    if fixed != text:
+      run.changed += 1
+      run.diff(shown, text, fixed)
+    return
+  run.fixed += sum(f.fixable for f in before)
+  if path == "-":
+    sys.stdout.flush()
+    sys.stdout.buffer.write(_source.encode(fixed, encoding, bom))
+    sys.stdout.flush()
+    run.report(left, run.err)
+    return
+  if fixed != text:
+    _write(run, shown, path, _source.encode(fixed, encoding, bom))
+  run.report(left)
+
+
+def _write(run: _Run, shown: str, path: str, data: bytes) -> None:
+  try:
+    pathlib.Path(path).write_bytes(data)
+    run.changed += 1
+  except OSError as e:
+    run.error(f"{shown}: cannot write: {e.strerror or e}")
+
+
+def _in_cells(findings: list[Finding], shown: str, starts: dict[int, int]) -> list[Finding]:
+  from jax_sharding_ext.port import _notebook
+  out = []
+  for f in findings:
+    number, line = _notebook.locate(starts, f.line)
+    out.append(dataclasses.replace(f, path=f"{shown}:cell {number}", line=line))
+  return out
+
+
+def _notebook_file(run: _Run, shown: str, path: str, raw: bytes) -> None:
+  from jax_sharding_ext.port import _notebook
+  try:
+    nb = _notebook.load(raw, shown)
+  except ValueError as e:
+    run.error(f"{shown}: {e}")
+    return
+  for number, e in nb.broken.items():
+    run.error(f"{shown}:cell {number}:{e.lineno or 1}:{e.offset or 1}: does not parse: "
+              f"{e.msg}; cell left as it is")
+  text, _ = _notebook.module_text(nb)
+  if not _mentions_jax(text.encode("utf-8")):
+    return
+  if not (run.args.write or run.args.diff):
+    findings = run.engine.check_text(text, shown)  # type: ignore[attr-defined]
+    run.fixable += sum(f.fixable and not run.ignore(f) for f in findings)
+    run.report(_in_cells(findings, shown, _notebook.cell_starts(text)))
+    return
+  fixed, before, left = _fix(run, text, shown)
+  data = _notebook.dump(nb, fixed) if fixed != text else raw
+  if run.args.diff:
+    run.fixable += sum(f.fixable for f in before)
+    run.shown_findings += sum(not run.ignore(f) for f in before)
+    if data != raw:
+      run.changed += 1
+      run.diff(shown, raw.decode("utf-8", "replace"), data.decode("utf-8"))
+    return
+  run.fixed += sum(f.fixable for f in before)
+  if data != raw:
+    _write(run, shown, path, data)
+  run.report(_in_cells(left, shown, _notebook.cell_starts(fixed)))
+
+
+def _one(run: _Run, shown: str, path: str) -> None:
+  try:
+    raw = sys.stdin.buffer.read() if path == "-" else _files.read(path)
+  except _files.Unreadable as e:
+    run.error(f"{shown}: {e}")
+    return
+  run.files += 1
+  try:
+    if path.endswith(".ipynb"):
+      _notebook_file(run, shown, path, raw)
+    else:
+      _python(run, shown, path, raw)
+  except SyntaxError as e:
+    where = f"{shown}:{e.lineno}:{e.offset or 1}" if e.lineno else shown
+    run.error(f"{where}: does not parse: {e.msg}")
+  except RuntimeError as e:
+    run.error(str(e))
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
   from jax_sharding_ext.port import _load_engine  # libcst: only now
-  engine = _load_engine()
-  ignore = _ignored(args.ignore)
-  files = []
-  for shown, path, source, module in _read_all(engine, _files(args.paths)):
-    findings, fixed = engine.check_module(module, shown)
-    files.append(_File(shown, path, source, findings, fixed.bytes))
-  findings = [f for file in files for f in file.findings]
-  changed = [f for f in files if f.fixed != f.source]
-  fixes = sum(f.fixable for f in findings)
+  state = _Run(args, _load_engine(), out, err, _ignored(args.ignore))
+  for shown, path, _named in _files.paths(args.paths):
+    _one(state, shown, path)
+    out.flush()
+  files = _plural(state.files, "file")
   if args.write:
-    for f in changed:
-      try:
-        f.path.write_bytes(f.fixed)
-      except OSError as e:
-        raise UsageError(f"{f.shown}: cannot write: {e.strerror or e}") from None
-    left = [g for f in changed
-            for g in engine.check_module(engine.parse(f.fixed, f.shown), f.shown)[0]]
-    left += [g for f in files if f not in changed for g in f.findings]
-    n = _print_findings(sorted(left), ignore, out)
-    print(f"fixed {_plural(fixes, 'import')} in {_plural(len(changed), 'file')}; "
-          f"{_plural(n, 'finding')} left", file=err)
-    return 1 if n else 0
-  if args.diff:
-    _diff(changed, out)
-    n = sum(not ignore(f) for f in findings)
-    print(f"--write would fix {_plural(fixes, 'import')} in {_plural(len(changed), 'file')}; "
-          "nothing written", file=err)
-    return 1 if n else 0
-  n = _print_findings(findings, ignore, out)
-  fixable = sum(f.fixable for f in findings if not ignore(f))
-  print(f"{_plural(n, 'finding')} ({fixable} fixable with --write) in "
-        f"{_plural(len(files), 'file')}", file=err)
-  return 1 if n else 0
+    print(f"fixed {_plural(state.fixed, 'finding')} in {_plural(state.changed, 'file')}; "
+          f"{_plural(state.shown_findings, 'finding')} left", file=err)
+  elif args.diff:
+    print(f"--write would fix {_plural(state.fixable, 'finding')} in "
+          f"{_plural(state.changed, 'file')}; nothing written", file=err)
+  else:
+    print(f"{_plural(state.shown_findings, 'finding')} ({state.fixable} fixable with "
+          f"--write) in {files}", file=err)
+  if state.errors:
+    print(f"{PROG}: {_plural(state.errors, 'file')} could not be handled (above)", file=err)
+    return 2
+  return 1 if state.shown_findings else 0
 
 
 def _print_codes(out: TextIO) -> None:
@@ -172,14 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
   if not args.paths:
     parser.print_usage(sys.stderr)
-    print(f"{PROG}: error: give at least one PATH", file=sys.stderr)
+    print(f"{PROG}: error: give at least one PATH (or - for stdin)", file=sys.stderr)
     return 2
   try:
     return run(args, sys.stdout, sys.stderr)
-  except UsageError as e:
-    print(f"{PROG}: error: {e}" + ("" if "cannot write" in str(e) else "; nothing written"),
-          file=sys.stderr)
-    return 2
   except ImportError as e:
     if str(e) != LIBCST_MISSING:
       raise

@@ -1,51 +1,136 @@
-"""Parsing one module and running the analysis and the rewrite on it (libcst)."""
+"""One module through the tool: parse (`ast`), analyze, and, for `--write`, edit.
+
+`check_text` returns the findings; `fix_text` the text with every fixable
+finding's edits applied. An import statement that changes is rewritten with
+libcst (only that statement is parsed by it); every other edit is a splice of
+the exact characters an `ast` node spans. `fix_text` repeats until nothing is
+left to fix (an edit that overlapped another waits for the next round), at
+most a few rounds, and refuses a result that does not compile.
+"""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import warnings
 
-import libcst as cst
-from libcst.metadata import MetadataWrapper
-
-from jax_sharding_ext.port._analyze import analyze
+from jax_sharding_ext.port import _analyze, _scope, _values
+from jax_sharding_ext.port._context import Context, Fixed
 from jax_sharding_ext.port._finding import Finding
-from jax_sharding_ext.port._rewrite import Rewriter
+from jax_sharding_ext.port._imports import Note
+from jax_sharding_ext.port._source import Edit, Text, apply
+
+_ROUNDS = 4
 
 
-def parse(source: str | bytes, path: str) -> cst.Module:
-  """The module, or a `SyntaxError` naming `path`, the line and the column
-  (Python's own, which places errors better than libcst's parser)."""
+def parse(text: str, path: str) -> ast.Module:
+  """The module's `ast`, or a SyntaxError naming `path` (a module too deep for
+  Python's own parser is one as well: Python cannot run it either)."""
   try:
-    return cst.parse_module(source)
-  except (cst.ParserSyntaxError, UnicodeDecodeError, ValueError) as e:
-    try:
-      compile(source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
-    except SyntaxError as py_err:
-      py_err.filename = path
-      raise py_err from None
-    except ValueError as py_err:  # e.g. a null byte
-      raise SyntaxError(str(py_err), (path, 1, 1, None)) from None
-    if isinstance(e, cst.ParserSyntaxError):
-      raise SyntaxError(e.message, (path, e.raw_line, e.raw_column + 1, None)) from None
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")  # e.g. invalid escape sequences
+      return ast.parse(text, path)
+  except SyntaxError as e:
+    e.filename = path
+    raise
+  except (RecursionError, MemoryError) as e:
+    raise SyntaxError(f"too deeply nested for Python's parser ({type(e).__name__})",
+                      (path, 1, 1, None)) from None
+  except ValueError as e:  # a null byte
     raise SyntaxError(str(e), (path, 1, 1, None)) from None
 
 
-def check_module(module: cst.Module, path: str) -> tuple[list[Finding], cst.Module]:
-  """The findings, and the module with its `JSE1xx` imports rewritten."""
-  wrapper = MetadataWrapper(module)
-  findings, plans = analyze(wrapper, path)
-  fixed = wrapper.module.visit(Rewriter(plans)) if plans else module
-  return findings, fixed
+@dataclasses.dataclass
+class Result:
+  findings: list[Finding]
+  groups: list[list[Edit]]  # the edits of each fixable finding
+  ctx: Context
 
 
-def _as_given(module: cst.Module, source: str | bytes) -> str | bytes:
-  return module.bytes if isinstance(source, bytes) else module.code
+def analyze(text: str, path: str, tree: ast.Module | None = None) -> Result:
+  tree = tree if tree is not None else parse(text, path)
+  source = Text(text)
+  walk = _scope.walk(tree, _analyze.dead_try, _values.WATCHED)
+  ctx = Context(tree, source, walk)
+  _analyze.analyze(tree, ctx)
+  return Result(_findings(ctx, path), [], ctx)
 
 
-def check(source: str | bytes, path: str = "<source>") -> list[Finding]:
-  return check_module(parse(source, path), path)[0]
+def _position(ctx: Context, note: Note) -> tuple[int, int]:
+  if note.pos is not None:
+    line, col = note.pos
+  else:
+    line, col = note.node.lineno, note.node.col_offset  # type: ignore[union-attr]
+  return line, ctx.text.column(line, col) + 1
 
 
-def fix(source: str | bytes) -> str | bytes:
-  fixed = check_module(parse(source, "<source>"), "<source>")[1]
-  return _as_given(fixed, source)
+def _findings(ctx: Context, path: str) -> list[Finding]:
+  """One finding per (place, code); a fixable one wins over a report."""
+  best: dict[tuple[int, int, str], Finding] = {}
+  for note in ctx.notes:
+    line, col = _position(ctx, note)
+    f = Finding(path, line, col, note.code, note.message, note.fixable)
+    key = (line, col, note.code)
+    if key not in best or (f.fixable and not best[key].fixable):
+      best[key] = f
+  return sorted(best.values())
+
+
+def _import_edit(ctx: Context, node: ast.Import | ast.ImportFrom, plan) -> Edit:
+  from jax_sharding_ext.port import _rewrite  # libcst: only for what --write changes
+  text = ctx.text
+  start, end = text.start(node), text.end(node)
+  first = text.starts[node.lineno - 1]
+  after = text.line(node.end_lineno).encode("utf-8")[node.end_col_offset:].decode("utf-8")
+  alone = (not text.text[first:start].strip()
+           and (not after.strip() or after.strip().startswith("#")))
+  if alone:
+    body = ctx.walk.body_of(node)
+    indent = text.text[first:start]
+    end_line = text.line_end(node.end_lineno)
+    lines = text.text[first:end_line]
+    new = _rewrite.rewrite_lines(lines, indent, plan, len(body) == 1, text.newline)
+    return Edit(first, end_line, new)
+  return Edit(start, end, _rewrite.rewrite_statement(text.text[start:end], plan))
+
+
+def edit_groups(ctx: Context) -> list[list[Edit]]:
+  """The edits of every fixable finding, import statements first; the added
+  imports go with each finding that needs them."""
+  groups = [[_import_edit(ctx, s.node, ctx.plans[id(s.node)])]
+            for s in ctx.walk.imports if id(s.node) in ctx.plans]
+  needs: set[str] = set()
+  for note in ctx.notes:
+    if isinstance(note, Fixed):
+      needs.update(note.needs)
+  insertion = ctx.insertion(needs)
+  for note in ctx.notes:
+    if isinstance(note, Fixed):
+      extra = [insertion] if insertion is not None and note.needs else []
+      groups.append([*note.edits, *extra])
+  return groups
+
+
+def check_text(text: str, path: str = "<source>") -> list[Finding]:
+  return analyze(text, path).findings
+
+
+def fix_text(text: str, path: str = "<source>") -> tuple[str, list[Finding], list[Finding]]:
+  """(the text with every fixable finding fixed, the findings of the text as
+  given, the findings left in the fixed text)."""
+  result = analyze(text, path)
+  before = result.findings
+  for _ in range(_ROUNDS):
+    if not any(f.fixable for f in result.findings):
+      break
+    new = apply(text, edit_groups(result.ctx))
+    if new == text:
+      break
+    result = None  # type: ignore[assignment]  # one module's tree in memory at a time
+    try:
+      tree = parse(new, path)
+    except SyntaxError as e:
+      raise RuntimeError(f"{path}: the rewrite does not compile ({e.msg} at line "
+                         f"{e.lineno}); nothing written. Please report this.") from None
+    text, result = new, analyze(new, path, tree)
+  return text, before, result.findings

@@ -1,38 +1,44 @@
-"""Import statements: their findings, and the rewrite of those this package replaces.
+"""Import statements: their findings, and what `--write` makes of each (planned on `ast`).
 
 For each `import` / `from ... import` statement, `plan_import` returns the
-findings of its names and, when some of them move to this package, the
-statements that replace it: one per target module, in the order the names
-came, each keeping the names as the code spells them (aliases too); the names
-that stay keep the original module.
+findings of its names and, when some of them move, the statements that
+replace it: one per target module, in the order the names came, each keeping
+the names as the code spells them (aliases too; a renamed name keeps its
+local name with `as`); the names that stay keep the original module. A name
+listed in `drop` (an import of a removed module that nothing uses once the
+rewrites are done) is left out; a plain `import a.b.c` listed there becomes
+`import a`.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 
-import libcst as cst
-from libcst.helpers import get_full_name_for_node
-
-from jax_sharding_ext.port import _names, _reports, _rules
+from jax_sharding_ext.port import _jaxnames, _names, _reports, _rules
 
 
 @dataclasses.dataclass
 class Note:
-  """A finding before it has a path: the node it points at, code and message."""
-  node: cst.CSTNode
+  """A finding before it has a path: the node it points at (or an explicit
+  (line, byte column)), code, message, and whether `--write` fixes it."""
+  node: ast.AST | None
   code: str
   message: str
+  fixable: bool = False
+  pos: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass
 class Plan:
   """The outcome for one import statement."""
   notes: list[Note] = dataclasses.field(default_factory=list)
-  # (module or None for a plain `import`, aliases) per replacement statement;
-  # empty when the statement stays as it is.
-  groups: list[tuple[str | None, list[cst.ImportAlias]]] = dataclasses.field(default_factory=list)
-  # local name -> (GDA-era symbol it was bound to, this package's symbol)
+  # (module, or None for a plain `import`, [(index of the name in the statement,
+  # its new name or None)]) per replacement statement.
+  groups: list[tuple[str | None, list[tuple[int, str | None]]]] = dataclasses.field(
+      default_factory=list)
+  changed: bool = False  # no groups and changed: the statement goes
+  # local name -> (GDA-era symbol it was bound to, the symbol it is bound to after --write)
   redirects: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
@@ -41,21 +47,45 @@ def import_text(module: str, name: str, asname: str | None) -> str:
   return f"from {module} import {name}{alias}"
 
 
-def _asname(alias: cst.ImportAlias) -> str | None:
-  return alias.asname.name.value if alias.asname is not None else None  # type: ignore[union-attr]
+def module_pos(node: ast.ImportFrom, line: str) -> tuple[int, int]:
+  """(line, byte column) of the module name of `from M import ...`."""
+  col = node.col_offset + len("from")
+  raw = line.encode("utf-8")
+  while col < len(raw) and raw[col:col + 1] in (b" ", b"\t", b"\\"):
+    col += 1
+  return node.lineno, col
 
 
-def report_note(node: cst.CSTNode, symbol: str, shown: str) -> Note | None:
-  """The finding for a name no import rewrite fixes, or None."""
+def _missing(symbol: str) -> str | None:
+  """The first prefix of `symbol` the installed JAX lacks, or None."""
+  parts = symbol.split(".")
+  if parts[0] not in _jaxnames.ROOTS:
+    return None
+  for n in range(2, len(parts) + 1):
+    if not _jaxnames.has(".".join(parts[:n])):
+      return ".".join(parts[:n])
+  return None
+
+
+def missing_note(node: ast.AST | None, symbol: str, shown: str, hint: str = "") -> Note | None:
+  missing = _missing(symbol)
+  if missing is None:
+    return None
+  return Note(node, "JSE311", _reports.JSE311.format(
+      shown=shown, version=_jaxnames.version(), missing=missing, hint=hint))
+
+
+def report_note(node: ast.AST | None, symbol: str, shown: str) -> Note | None:
+  """The finding for a name no rewrite fixes, or None."""
   module, _, name = symbol.rpartition(".")
   package_module = _rules.replaced_module(module)
   if package_module is not None and _rules.is_gone_module(module):
     return Note(node, "JSE307", _reports.JSE307_MISSING.format(
         shown=shown, module=package_module, name=name))
   found = _reports.report_for(symbol)
-  if found is None:
-    return None
-  return Note(node, found[1].code, _reports.render(found[0], found[1], shown))
+  if found is not None:
+    return Note(node, found[1].code, _reports.render(found[0], found[1], shown))
+  return missing_note(node, symbol, shown)
 
 
 def _choose_targets(fixes: list[_rules.Fix]) -> list[str]:
@@ -65,54 +95,67 @@ def _choose_targets(fixes: list[_rules.Fix]) -> list[str]:
   return [common[0] if common else f.targets[0] for f in fixes]
 
 
-def _fix_note(alias: cst.ImportAlias, fix: _rules.Fix, target: str, name: str) -> Note:
-  text = import_text(target, name, _asname(alias))
-  return Note(alias, fix.code, f"{fix.why}; use `{text}`{_rules.WRITE}")
+def _fix_note(alias: ast.alias, fix: _rules.Fix, target: str, name: str) -> Note:
+  new = fix.new_name or name
+  asname = alias.asname or (name if new != name else None)
+  text = import_text(target, new, asname)
+  return Note(alias, fix.code, f"{fix.why}; use `{text}`{_rules.WRITE}", fixable=True)
 
 
-def plan_import_from(node: cst.ImportFrom) -> Plan:
+def _drop_note(alias: ast.alias, note: Note | None, shown: str) -> Note:
+  why = note.message if note is not None else f"`{shown}` is not in the installed JAX"
+  return Note(alias, note.code if note is not None else "JSE311",
+              f"{why}; nothing uses it once the rewrites are made, so --write removes "
+              f"this import{_rules.WRITE}", fixable=True)
+
+
+def plan_import_from(node: ast.ImportFrom, line: str, drop: frozenset[str] = frozenset()
+                     ) -> Plan:
   plan = Plan()
-  if node.relative or node.module is None:
+  if node.level or not node.module:
     return plan
-  module = get_full_name_for_node(node.module) or ""
-  if module == "jax.config":
-    plan.notes.append(Note(node.module, "JSE309", _reports.JSE309))
-    return plan
-  if isinstance(node.names, cst.ImportStar):
-    note = report_note(node.module, module, module)
-    plan.notes.extend([note] if note is not None else [])
+  module = node.module
+  if node.names[0].name == "*":
+    note = report_note(None, module, module)
+    if note is not None:
+      note.pos = module_pos(node, line)
+      plan.notes.append(note)
     return plan
   fixes, kept = [], []
-  for alias in node.names:
-    symbol = f"{module}.{get_full_name_for_node(alias.name)}"
+  for i, alias in enumerate(node.names):
+    symbol = f"{module}.{alias.name}"
     fix = _rules.fix_for(symbol)
-    if fix is None:
-      kept.append(alias)
-      note = report_note(alias, symbol, symbol)
+    note = report_note(alias, symbol, symbol) if fix is None else None
+    if (alias.asname or alias.name) in drop:
+      plan.notes.append(_drop_note(alias, note, symbol))
+      plan.changed = True
+    elif fix is None:
+      kept.append(i)
       plan.notes.extend([note] if note is not None else [])
     else:
-      fixes.append((alias, fix))
-  if not fixes:
+      fixes.append((i, fix))
+  if not fixes and not plan.changed:
     return plan
-  by_module: dict[str, list[cst.ImportAlias]] = {}
-  for (alias, fix), target in zip(fixes, _choose_targets([f for _a, f in fixes]),
-                                 strict=True):
-    name = get_full_name_for_node(alias.name) or ""
-    plan.notes.append(_fix_note(alias, fix, target, name))
-    plan.redirects[_asname(alias) or name] = (f"{module}.{name}", f"{target}.{name}")
-    by_module.setdefault(target, []).append(alias)
-  kept = _ride_along(module, kept, by_module, plan)
+  by_module: dict[str, list[tuple[int, str | None]]] = {}
+  targets = _choose_targets([f for _i, f in fixes]) if fixes else []
+  for (i, fix), target in zip(fixes, targets, strict=True):
+    alias = node.names[i]
+    plan.notes.append(_fix_note(alias, fix, target, alias.name))
+    new = fix.new_name or alias.name
+    plan.redirects[alias.asname or alias.name] = (f"{module}.{alias.name}", f"{target}.{new}")
+    by_module.setdefault(target, []).append((i, fix.new_name))
+  kept = _ride_along(node, module, kept, by_module, plan)
   if kept:
-    by_module[module] = kept
-  order = {id(a): i for i, a in enumerate(node.names)}
-  for aliases in by_module.values():
-    aliases.sort(key=lambda a: order[id(a)])
-  plan.groups = sorted(by_module.items(), key=lambda g: order[id(g[1][0])])
+    by_module[module] = [(i, None) for i in kept]
+  for entries in by_module.values():
+    entries.sort()
+  plan.groups = sorted(by_module.items(), key=lambda g: g[1][0][0])
+  plan.changed = True
   return plan
 
 
-def _ride_along(module: str, kept: list[cst.ImportAlias],
-                by_module: dict[str, list[cst.ImportAlias]], plan: Plan) -> list[cst.ImportAlias]:
+def _ride_along(node: ast.ImportFrom, module: str, kept: list[int],
+                by_module: dict[str, list[tuple[int, str | None]]], plan: Plan) -> list[int]:
   """Where this package's module replaces `module` whole and some names already
   move to it, the others it also has (stock's own objects, such as
   `sync_global_devices`) move with them rather than split the import."""
@@ -120,46 +163,56 @@ def _ride_along(module: str, kept: list[cst.ImportAlias],
   if package_module not in by_module:
     return kept
   stay = []
-  for alias in kept:
-    name = get_full_name_for_node(alias.name) or ""
-    if name in _names.provided(package_module):
-      by_module[package_module].append(alias)
-      plan.redirects[_asname(alias) or name] = (f"{module}.{name}", f"{package_module}.{name}")
+  for i in kept:
+    alias = node.names[i]
+    if alias.name in _names.provided(package_module):
+      by_module[package_module].append((i, None))
+      plan.redirects[alias.asname or alias.name] = (f"{module}.{alias.name}",
+                                                   f"{package_module}.{alias.name}")
     else:
-      stay.append(alias)
+      stay.append(i)
   return stay
 
 
-def plan_import(node: cst.Import) -> Plan:
+def plan_import(node: ast.Import, drop: frozenset[str] = frozenset()) -> Plan:
+  """`drop`: the dotted names of plain `import a.b.c` statements to make `import a`,
+  and the local names of `import a.b as c` to remove."""
   plan = Plan()
-  groups: dict[str | None, list[cst.ImportAlias]] = {}
-  for alias in node.names:
-    symbol = get_full_name_for_node(alias.name) or ""
+  groups: dict[str | None, list[tuple[int, str | None]]] = {}
+  for i, alias in enumerate(node.names):
+    symbol = alias.name
     fix = _rules.fix_for(symbol) if alias.asname is not None else None
     if fix is None:
-      groups.setdefault(None, []).append(alias)
       note = _bare_import_note(alias, symbol)
-      if note is not None:
-        plan.notes.append(note)
+      if alias.asname is not None and alias.asname in drop:
+        plan.notes.append(_drop_note(alias, note, symbol))
+        plan.changed = True
+        continue
+      if alias.asname is None and symbol in drop:
+        root = symbol.partition(".")[0]
+        plan.notes.append(Note(alias, note.code if note else "JSE311", (
+            f"{note.message if note else f'`{symbol}` is not in the installed JAX'}; "
+            f"--write rewrites its uses and this line to `import {root}`{_rules.WRITE}"),
+            fixable=True))
+        groups.setdefault(None, []).append((i, root))
+        plan.changed = True
+        continue
+      groups.setdefault(None, []).append((i, None))
+      plan.notes.extend([note] if note is not None else [])
       continue
     target, name = fix.targets[0], symbol.rpartition(".")[2]
     plan.notes.append(_fix_note(alias, fix, target, name))
-    plan.redirects[_asname(alias) or name] = (symbol, f"{target}.{name}")
-    groups.setdefault(target, []).append(
-        alias.with_changes(name=cst.Name(name), comma=cst.MaybeSentinel.DEFAULT))
-  if any(m is not None for m in groups):
+    new = fix.new_name or name
+    plan.redirects[alias.asname] = (symbol, f"{target}.{new}")  # type: ignore[index]
+    groups.setdefault(target, []).append((i, fix.new_name))
+    plan.changed = True
+  if plan.changed:
     plan.groups = list(groups.items())
   return plan
 
 
-def _bare_import_note(alias: cst.ImportAlias, symbol: str) -> Note | None:
-  """`import a.b.c` binds `a`: uses through it stay out of reach of a rewrite."""
+def _bare_import_note(alias: ast.alias, symbol: str) -> Note | None:
+  """`import a.b.c` binds `a`; its uses are judged one by one."""
   if symbol == "jax.config":
     return Note(alias, "JSE309", _reports.JSE309)
-  package_module = _rules.replaced_module(symbol)
-  if package_module is not None and _rules.is_gone_module(symbol):
-    parent, _, name = package_module.rpartition(".")
-    why = _rules.fix_for(symbol).why  # type: ignore[union-attr]
-    return Note(alias, "JSE306", _reports.JSE306.format(
-        shown=f"import {symbol}", why=why, import_=import_text(parent, name, None), name=name))
   return report_note(alias, symbol, symbol)

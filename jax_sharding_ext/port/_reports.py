@@ -1,4 +1,4 @@
-"""The findings no import rewrite fixes: `JSE2xx` (meaning changed) and `JSE3xx` (removed).
+"""The findings' texts, and the symbols no rewrite replaces with the same meaning.
 
 `REPORTS` maps a symbol to its finding; a key also covers the symbol's
 members (`jax.experimental.maps` covers `jax.experimental.maps.foo`), and a key
@@ -21,42 +21,24 @@ ARRAY_TYPES = {
                                  + _SDA),
 }
 
-_MHU = ("`{shown}` is stock `multihost_utils`, and no import rewrite reaches a call through the "
-        "`jax` module: ")
 _MAPS_GONE = ("module `jax.experimental.maps` was removed from JAX (`Mesh` is `jax.sharding.Mesh`, "
               "`mesh(devices, names)` is `jax.set_mesh(jax.sharding.Mesh(devices, names))`, "
               "`xmap` is `jax.shard_map`)")
+THREAD_RESOURCES = (
+    "`{shown}` reads the mesh of a legacy `with mesh:` only, and is empty under "
+    "`with jax.set_mesh(mesh):` (what --write makes of `with mesh:`, and what today's flax and "
+    "`jax.sharding.get_abstract_mesh()` read); use `jax.sharding.get_abstract_mesh()` (works "
+    "inside `jit`; `.empty` without a mesh; `.shape`, `.axis_names`) or, outside `jit`, "
+    "`jax.sharding.get_mesh()` for the `Mesh` and its devices, with every `with mesh:` "
+    "around it written `with jax.set_mesh(mesh):`")
 
 
 def _removed(old: str, new: str, code: str = "JSE307") -> Report:
   return Report(code, f"`{old}` was removed from JAX; use {new}")
 
 
-def _tree(name: str, new: str) -> Report:
-  return _removed(f"jax.{name}", f"`jax.tree.{new}` (or `jax.tree_util.tree_{new}`)", "JSE301")
-
-
 REPORTS: dict[str, Report] = {
-    # -- JSE2xx: still runs on today's JAX (or with this package), meaning changed.
-    **{f"jax.experimental.multihost_utils.{name}": Report(
-        "JSE203", _MHU + what + "; `from jax_sharding_ext import multihost_utils` and call "
-        f"`multihost_utils.{name}`", gone=False) for name, what in (
-            ("process_allgather", "for a global array it returns each process's value stacked on "
-             "a new leading axis, not the global value a GDA-era call returned"),
-            ("host_local_array_to_global_array", "it fails on a `GlobalDeviceArray` (an XLA "
-             "error) where the GDA-era call returned one"),
-            ("global_array_to_host_local_array", "it fails on a `GlobalDeviceArray` (an XLA "
-             "error) where the GDA-era call returned one"),
-            ("assert_equal", "for a replicated array spanning processes it compares nothing "
-             "(each process checks its own replica)"))},
-    # -- JSE3xx: gone from today's JAX.
-    **{f"jax.{old}": _tree(old, new) for old, new in (
-        ("tree_map", "map"), ("tree_multimap", "map"), ("tree_flatten", "flatten"),
-        ("tree_leaves", "leaves"), ("tree_unflatten", "unflatten"),
-        ("tree_structure", "structure"), ("tree_transpose", "transpose"),
-        ("tree_reduce", "reduce"), ("tree_all", "all"))},
-    "jax.tree_util.tree_multimap": _removed(
-        "jax.tree_util.tree_multimap", "`jax.tree.map` (or `jax.tree_util.tree_map`)", "JSE301"),
+    # -- JSE3xx: gone from today's JAX, no same-meaning replacement.
     "jax.experimental.maps.xmap": _removed(
         "jax.experimental.maps.xmap", "`jax.shard_map` (per-device code over a `Mesh` with "
         "`in_specs` / `out_specs` PartitionSpecs)", "JSE302"),
@@ -66,31 +48,10 @@ REPORTS: dict[str, Report] = {
     "jax.abstract_arrays.ShapedArray": _removed(
         "jax.abstract_arrays.ShapedArray", "`jax.ShapeDtypeStruct` (or `jax.core.ShapedArray`)",
         "JSE304"),
-    "jax.experimental.pjit.pjit": Report(
-        "JSE305", "`{shown}` is stock `jax.experimental.pjit.pjit`, deprecated and no longer "
-        "taking `in_axis_resources` / `out_axis_resources` / `FROM_GDA`; use this package's "
-        "legacy pjit (`from jax_sharding_ext import pjit`) or "
-        "`jax.jit(f, in_shardings=..., out_shardings=...)`", gone=False),
-    **{old: Report("JSE306", f"`{{shown}}`: `{old}` was removed from JAX; use `{new}`")
-       for old, new in (
-           ("jax.experimental.maps.Mesh", "jax.sharding.Mesh"),
-           ("jax.interpreters.pxla.Mesh", "jax.sharding.Mesh"),
-           ("jax.experimental.PartitionSpec", "jax.sharding.PartitionSpec"),
-           ("jax.experimental.pjit.PartitionSpec", "jax.sharding.PartitionSpec"),
-           ("jax.interpreters.pxla.PartitionSpec", "jax.sharding.PartitionSpec"),
-           ("jax.experimental.pjit.with_sharding_constraint",
-            "jax.lax.with_sharding_constraint"))},
     "jax.experimental.maps": Report("JSE307", _MAPS_GONE),
     "jax.experimental.pjit.*": Report(
         "JSE307", "`{shown}`: only a deprecated `pjit` is left in `jax.experimental.pjit`; "
         "this name was removed from JAX"),
-    "jax.experimental.sharding": _removed(
-        "jax.experimental.sharding", "`jax.sharding` (`MeshPspecSharding` is "
-        "`jax.sharding.NamedSharding`)"),
-    "jax.experimental.sharding.MeshPspecSharding": _removed(
-        "jax.experimental.sharding.MeshPspecSharding", "`jax.sharding.NamedSharding`"),
-    "jax.sharding.MeshPspecSharding": _removed(
-        "jax.sharding.MeshPspecSharding", "`jax.sharding.NamedSharding`"),
     "jax.experimental.gda_serialization": _removed(
         "jax.experimental.gda_serialization",
         "`from jax_sharding_ext import serialization` (the old `serialization` module)"),
@@ -113,13 +74,20 @@ REPORTS: dict[str, Report] = {
         "jax.lib.xla_bridge", "the public `jax` API (`jax.devices()`, `jax.process_index()`)"),
     "jax.lib.xla_client.Device": _removed("jax.lib.xla_client.Device", "`jax.Device`"),
     "jax.abstract_arrays": _removed("jax.abstract_arrays", "`jax.core`"),
+    "jax.spmd_mode": _removed(
+        "jax.spmd_mode", "nothing: eager operations take arrays that span processes without "
+        "it (drop the `with jax.spmd_mode(...)` item)"),
+    "jax.sharding.OpShardingSharding": _removed(
+        "jax.sharding.OpShardingSharding", "`jax.sharding.NamedSharding` (a mesh and a "
+        "`PartitionSpec`)"),
+    "jax.sharding.PmapSharding": _removed(
+        "jax.sharding.PmapSharding", "`jax.sharding.NamedSharding` over a 1-axis `Mesh`"),
     "jax.experimental.maps.mesh": _removed(
         "jax.experimental.maps.mesh", "`jax.set_mesh(jax.sharding.Mesh(devices, axis_names))`",
         "JSE308"),
-    "jax.experimental.maps.thread_resources": _removed(
-        "jax.experimental.maps.thread_resources",
-        "`jax.sharding.get_abstract_mesh()` (the mesh of the enclosing `jax.set_mesh`; "
-        "`.empty` when there is none)", "JSE308"),
+    "jax.experimental.maps.thread_resources": Report("JSE308", THREAD_RESOURCES),
+    "jax.interpreters.pxla.thread_resources": Report("JSE308", THREAD_RESOURCES, gone=False),
+    "jax._src.mesh.thread_resources": Report("JSE308", THREAD_RESOURCES, gone=False),
 }
 
 # Options this package defines on `jax.config` (read: JSE201; set: JSE202).
@@ -136,21 +104,53 @@ REMOVED_OPTIONS = {
     for option in ("experimental_xmap_spmd_lowering", "experimental_xmap_spmd_lowering_manual")
 }
 
-JSE201 = ("`{shown}`: `{option}` is an option of this package, not of stock JAX ({why}); it "
-          "exists once `jax_sharding_ext` is imported")
+JSE201 = ("`{shown}`: `{option}` is an option of this package, not of stock JAX ({why}); "
+          "`import jax_sharding_ext` defines it")
 JSE202 = ("`{shown}`: `{option}` is an option of this package, not of stock JAX ({why}); "
           "`import jax_sharding_ext` before this line")
-JSE204 = ("`with {shown}:` is deprecated (a DeprecationWarning); write "
-          "`with jax.set_mesh({shown}):`, which legacy pjit and `with_sharding_constraint` read "
-          "as well")
-JSE306 = ("`{shown}`: {why}, and no import rewrite reaches a name used through its module: "
-          "write `{import_}` and use `{name}`")
+JSE203 = ("`{shown}` is stock `multihost_utils.{name}`, which {what}; use `{new}`")
+MHU_WHAT = {
+    "process_allgather": "for a global array returns each process's value stacked on a new "
+                         "leading axis, not the global value a GDA-era call returned",
+    "host_local_array_to_global_array": "fails on a `GlobalDeviceArray` (an XLA error) where "
+                                        "the GDA-era call returned one",
+    "global_array_to_host_local_array": "fails on a `GlobalDeviceArray` (an XLA error) where "
+                                        "the GDA-era call returned one",
+    "assert_equal": "for a replicated array spanning processes compares nothing (each "
+                    "process checks its own replica)",
+    "broadcast_one_to_all": "does not take a `GlobalDeviceArray` as one host's value",
+}
+JSE204 = ("`with {shown}:` enters the legacy mesh context (deprecated), which "
+          "`jax.sharding.get_abstract_mesh()` and today's flax do not see; write "
+          "`with {new}:`, which legacy pjit and `with_sharding_constraint` read as well")
+JSE205 = ("`{shown}`: `_device_buffers` is a `GlobalDeviceArray`'s (its local single-device "
+          "arrays, in local-device order), not a `jax.Array`'s; for either kind, "
+          "`[s.data for s in {value}.addressable_shards]`")
+JSE206 = ("`{shown}` runs `{arg}` under the legacy `with {mesh}:` (deprecated; invisible to "
+          "`jax.sharding.get_abstract_mesh()` and today's flax), and `jax.set_mesh` is no "
+          "decorator; call `{arg}` inside `with jax.set_mesh({mesh}):` instead")
+JSE206_DECORATOR = (
+    "`@{mesh}` runs the function under the legacy `with {mesh}:` (deprecated; invisible to "
+    "`jax.sharding.get_abstract_mesh()` and today's flax), and `jax.set_mesh` is no "
+    "decorator; drop `@{mesh}` and run the function's body inside "
+    "`with jax.set_mesh({mesh}):`")
+JSE207 = ("GDA-era orbax code: without `jax_sharding_ext.orbax_support` imported, orbax "
+          "restores `jax.Array`s where it restored GDAs; add `import {module}`")
+JSE305 = ("`{shown}` is stock `jax.experimental.pjit.pjit`, deprecated and no longer taking "
+          "`in_axis_resources` / `out_axis_resources` / `FROM_GDA`; use this package's "
+          "legacy `{new}`")
+JSE306 = "`{shown}`: `{old}` was removed from JAX; use `{new}`"
 JSE307_MISSING = ("`{shown}` was removed from JAX, and this package's `{module}` has no "
                   "`{name}`")
+JSE308_CALL = ("`{shown}`: `jax.experimental.maps.mesh` was removed from JAX; use `{new}`")
 JSE309 = ("module `jax.config` was removed from JAX; `from jax import config` is the same "
           "object (or use `jax.config`)")
 JSE310 = ("`{shown}(..., axis_resources=...)`: the keyword is `shardings` in today's "
           "`jax.lax.with_sharding_constraint`")
+JSE311 = ("`{shown}`: the installed JAX ({version}) has no `{missing}`{hint}")
+JSE312 = ("`{shown}`: `.{attr}` was removed from JAX arrays; use `{new}`")
+JSE313 = ("`{shown}`: `jax.Array` has no `device()` method any more; use `{new}` (the "
+          "device of a single-device array)")
 
 # One line per code, for `--codes` and the README.
 CODES = {
@@ -161,22 +161,28 @@ CODES = {
     "JSE105": "`multihost_utils` (or one of its GDA-taking functions): import this package's",
     "JSE106": "`gda_serialization.serialization`: import this package's `serialization`",
     "JSE107": "`with_sharding_constraint` from `jax.experimental.pjit`: import it from `jax.lax`",
-    "JSE201": "reads `jax_array` / `jax_parallel_functions_output_gda`: options this package "
-              "defines",
-    "JSE202": "sets an option this package defines: import `jax_sharding_ext` first",
-    "JSE203": "stock `multihost_utils` reached through the `jax` module: GDA-era meaning lost",
-    "JSE204": "`with mesh:`: deprecated, write `with jax.set_mesh(mesh):`",
-    "JSE301": "`jax.tree_map` and the other `jax.tree_*` aliases: use `jax.tree.*`",
+    "JSE201": "reads `jax_array` / `jax_parallel_functions_output_gda`: import this package",
+    "JSE202": "sets an option this package defines: import this package first",
+    "JSE203": "stock `multihost_utils` reached through a module: this package's",
+    "JSE204": "`with mesh:`: `with jax.set_mesh(mesh):`",
+    "JSE205": "`x._device_buffers`: a GDA's only; `[s.data for s in x.addressable_shards]`",
+    "JSE206": "a `Mesh` used as a decorator: call the function inside `with jax.set_mesh(mesh):`",
+    "JSE207": "GDA-era orbax code: import `jax_sharding_ext.orbax_support`",
+    "JSE301": "`jax.tree_map` and the other `jax.tree_*` aliases: `jax.tree_util.tree_*`",
     "JSE302": "`xmap` (and its config options): use `jax.shard_map`",
     "JSE303": "`DeviceArray` / `ShardedDeviceArray` / `KeyArray`: use `jax.Array`",
     "JSE304": "`ShapedArray` from `jax`: use `jax.ShapeDtypeStruct` or `jax.core.ShapedArray`",
-    "JSE305": "stock `pjit` reached through its module: use this package's `pjit` or `jax.jit`",
-    "JSE306": "a GDA-era name reached through a module: no import rewrite reaches it",
+    "JSE305": "stock `pjit` reached through its module: this package's legacy `pjit`",
+    "JSE306": "a GDA-era name reached through a module: `Mesh`, `PartitionSpec`, `FROM_GDA`, "
+              "`with_sharding_constraint`, the GDA and serialization modules' names",
     "JSE307": "a module or name removed from JAX, with its replacement",
-    "JSE308": "`maps.mesh` / `maps.thread_resources`: use `jax.set_mesh` / "
+    "JSE308": "`maps.mesh` / `thread_resources`: `jax.set_mesh` / "
               "`jax.sharding.get_abstract_mesh`",
-    "JSE309": "`jax.config` imported as a module: use `from jax import config`",
+    "JSE309": "`jax.config` imported as a module: `from jax import config`",
     "JSE310": "`with_sharding_constraint(axis_resources=...)`: the keyword is `shardings`",
+    "JSE311": "a name the installed JAX does not have",
+    "JSE312": "`.device_buffers` / `.device_buffer`: `addressable_shards` / `addressable_data(0)`",
+    "JSE313": "`x.device()`: `x.device`",
 }
 
 

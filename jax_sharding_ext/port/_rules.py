@@ -4,10 +4,14 @@ A *symbol* is a dotted name as the code reaches it, e.g.
 `jax.experimental.pjit.FROM_GDA` for `pjit_lib.FROM_GDA` after
 `from jax.experimental import pjit as pjit_lib`.
 
-- `fix_for(symbol)`: where this package provides a GDA-era symbol, the
-  `JSE1xx` code and the modules an import of it can point to instead.
-- `report_for(symbol)`: the `JSE2xx` / `JSE3xx` finding for a symbol that no
-  import rewrite fixes (the longest matching key of `REPORTS` wins).
+- `fix_for(symbol)`: the import that replaces `from M import N` (or
+  `import M as X`) for a GDA-era symbol `M.N`, pointing at this package or at
+  today's JAX.
+- `rename_for(symbol)`: the symbol that replaces a GDA-era one wherever the
+  code reaches it through a module attribute (`maps.Mesh` becomes
+  `jax.sharding.Mesh`); the longest matching prefix wins.
+- `_reports.report_for(symbol)`: the finding for a symbol nothing replaces
+  with the same meaning.
 
 Replacements follow JAX's jax.Array migration guide
 (https://docs.jax.dev/en/latest/jax_array_migration.html) and JAX's changelog.
@@ -28,22 +32,24 @@ WRITE = " (--write fixes this)"
 
 @dataclasses.dataclass(frozen=True)
 class Fix:
-  """An import that can point at this package (or, for one name, `jax.lax`)."""
+  """An import that can point elsewhere: the modules that provide the name (most
+  preferred first), and the name there when it changed."""
   code: str
-  targets: tuple[str, ...]  # modules providing the name, most preferred first
+  targets: tuple[str, ...]
   why: str                  # what changed, for the message
   gone: bool = True         # False: the symbol still exists in today's JAX
+  new_name: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-  """A finding that no import rewrite fixes. `message` may use `{shown}`."""
+  """A finding that no rewrite fixes. `message` may use `{shown}`."""
   code: str
   message: str
   gone: bool = True  # False: the symbol exists today but means something else
 
 
-# Whole modules this package replaces: (code, this package's module, why).
+# Whole modules this package replaces: (code, this package's module, why, gone).
 _MODULE_FIXES = {
     GDA_MODULE: ("JSE102", f"{PKG}.global_device_array",
                  "module `jax.experimental.global_device_array` was removed from JAX", True),
@@ -55,7 +61,7 @@ _MODULE_FIXES = {
                  "(its `process_allgather` stacks per-process values)", False),
 }
 
-# Single names: symbol -> (code, target modules, why).
+# Single names imported from their GDA-era module: symbol -> (code, targets, why, gone).
 _NAME_FIXES = {
     "jax.experimental.pjit.pjit": (
         "JSE103", (PKG,), "stock `jax.experimental.pjit.pjit` no longer takes "
@@ -72,9 +78,42 @@ for _old in ("jax.experimental.PartitionSpec", "jax.experimental.pjit.PartitionS
   _NAME_FIXES[_old] = ("JSE104", (PKG,), f"`{_old}` was removed from JAX (today "
                        f"`jax.sharding.{_name}`, the same class as `{PKG}.{_name}`)", True)
 
+_TREE = ("tree_map", "tree_flatten", "tree_leaves", "tree_unflatten", "tree_structure",
+         "tree_transpose", "tree_reduce", "tree_all")
+
+# Removed or moved names and the same-meaning name today: symbol -> (code, new symbol).
+# A key also stands for its members (`jax.experimental.sharding.X`).
+RENAMES: dict[str, tuple[str, str]] = {
+    **{f"jax.{old}": ("JSE301", f"jax.tree_util.{old}") for old in _TREE},
+    "jax.tree_multimap": ("JSE301", "jax.tree_util.tree_map"),
+    "jax.tree_util.tree_multimap": ("JSE301", "jax.tree_util.tree_map"),
+    "jax.config.config": ("JSE309", "jax.config"),
+    "jax.experimental.maps.Mesh": ("JSE306", "jax.sharding.Mesh"),
+    "jax.interpreters.pxla.Mesh": ("JSE306", "jax.sharding.Mesh"),
+    "jax.experimental.PartitionSpec": ("JSE306", "jax.sharding.PartitionSpec"),
+    "jax.experimental.pjit.PartitionSpec": ("JSE306", "jax.sharding.PartitionSpec"),
+    "jax.interpreters.pxla.PartitionSpec": ("JSE306", "jax.sharding.PartitionSpec"),
+    "jax.experimental.pjit.with_sharding_constraint": (
+        "JSE306", "jax.lax.with_sharding_constraint"),
+    "jax.experimental.pjit.pjit": ("JSE305", f"{PKG}.pjit"),
+    "jax.experimental.pjit.FROM_GDA": ("JSE306", f"{PKG}.FROM_GDA"),
+    "jax.experimental.sharding": ("JSE307", "jax.sharding"),
+    "jax.experimental.sharding.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
+    "jax.sharding.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
+    "jax._src.sharding.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
+    "jax._src.sharding_impls.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
+    "jax.pxla": ("JSE307", "jax.interpreters.pxla"),
+    "jax._src.util.prod": ("JSE307", "math.prod"),
+    GDA_MODULE: ("JSE306", f"{PKG}.global_device_array"),
+    SER_MODULE: ("JSE306", f"{PKG}.serialization"),
+}
+# Modules whose attributes need the module imported by name (not imported by
+# `import jax_sharding_ext`).
+_OWN_IMPORT = (f"{PKG}.serialization", f"{PKG}.orbax_support")
+
 
 def fix_for(symbol: str) -> Fix | None:
-  """The fix for importing `symbol`, if this package (or `jax.lax`) provides it."""
+  """The fix for importing `symbol` by name, if this package or today's JAX has it."""
   if symbol in _MODULE_FIXES:
     code, target, why, gone = _MODULE_FIXES[symbol]
     return Fix(code, (target.rpartition(".")[0],), why, gone)
@@ -91,7 +130,39 @@ def fix_for(symbol: str) -> Fix | None:
   if module == MHU_MODULE and name in _names.own_functions(f"{PKG}.multihost_utils"):
     return Fix("JSE105", (f"{PKG}.multihost_utils",),
                f"stock `{name}` does not treat a GDA as one global array", False)
+  if symbol in RENAMES:
+    code, new = RENAMES[symbol]
+    new_module, _, new_name = new.rpartition(".")
+    return Fix(code, (new_module,), f"`{symbol}` was removed from JAX (today `{new}`)",
+               new_name=None if new_name == name else new_name)
   return None
+
+
+def rename_for(symbol: str) -> tuple[str, str, str] | None:
+  """(code, the matched prefix of `symbol`, what replaces that prefix) for a
+  symbol reached through a module attribute, or None."""
+  parts = symbol.split(".")
+  for n in range(len(parts), 1, -1):
+    prefix = ".".join(parts[:n])
+    if prefix in RENAMES:
+      code, new = RENAMES[prefix]
+      if prefix in (GDA_MODULE, SER_MODULE):
+        module = new
+        if n == len(parts) or parts[n] not in _names.provided(module):
+          return None
+      return code, prefix, new
+    if prefix == MHU_MODULE and n < len(parts) and parts[n] in _names.own_functions(
+        f"{PKG}.multihost_utils"):
+      return "JSE203", prefix, f"{PKG}.multihost_utils"
+  return None
+
+
+def import_for(symbol: str) -> str:
+  """The module to import so that `symbol` can be reached from its top-level name."""
+  for module in _OWN_IMPORT:
+    if symbol == module or symbol.startswith(module + "."):
+      return module
+  return symbol.partition(".")[0]
 
 
 def replaced_module(symbol: str) -> str | None:

@@ -1,0 +1,96 @@
+"""Whether the installed JAX has a dotted name (`jax.interpreters.pxla.Mesh`).
+
+Asked of the JAX this process runs, without importing anything new: a module
+already imported is asked for its attribute (deprecated names answer through
+the module's `__getattr__`, removed ones raise `AttributeError` there); a
+submodule not imported yet exists when its file does, and what is inside it
+is not looked at. Classes and `jax.config` are asked for their attributes;
+other objects are not, so a name past one is taken as present. The answer is
+False only when the name is surely missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import sys
+import types
+import warnings
+from typing import Any
+
+ROOTS = ("jax", "jaxlib")
+_UNKNOWN = object()
+
+
+def _attr(obj: Any, name: str) -> Any:
+  """`obj.name`, None when it is surely missing, `_UNKNOWN` when asking failed."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    try:
+      return getattr(obj, name)
+    except AttributeError:
+      return None
+    except Exception:  # a module's `__getattr__` may raise anything
+      return _UNKNOWN
+
+
+def _submodule_exists(package: types.ModuleType, dotted: str) -> bool:
+  if not hasattr(package, "__path__"):
+    return False
+  try:
+    return importlib.util.find_spec(dotted) is not None
+  except (ImportError, ValueError):
+    return False
+
+
+@functools.cache
+def _config() -> Any:
+  return importlib.import_module("jax").config
+
+
+@functools.cache
+def has(dotted: str) -> bool:
+  """False when the installed JAX surely lacks `dotted`, else True."""
+  parts = dotted.split(".")
+  if parts[0] not in ROOTS:
+    return True
+  try:
+    obj: Any = importlib.import_module(parts[0])
+  except ImportError:
+    return True
+  for i in range(1, len(parts)):
+    name = ".".join(parts[:i + 1])
+    if isinstance(obj, types.ModuleType):
+      value = _attr(obj, parts[i])
+      if value is None:
+        value = sys.modules.get(name)
+      if value is None:
+        return _submodule_exists(obj, name)  # a file: its contents are not read
+    elif isinstance(obj, type) or obj is _config():
+      value = _attr(obj, parts[i])
+      if value is None:
+        return False
+    else:
+      return True
+    if value is _UNKNOWN:
+      return True
+    obj = value
+  return True
+
+
+@functools.cache
+def is_module(dotted: str) -> bool:
+  """False when `import dotted` surely fails in this JAX (`jax.config` is an
+  attribute of `jax`, not a module), else True."""
+  parts = dotted.split(".")
+  if parts[0] not in ROOTS or dotted in sys.modules:
+    return True
+  parent = sys.modules.get(".".join(parts[:-1]))
+  if parent is None:
+    return has(dotted)  # a parent that was not imported: its file decides
+  return _submodule_exists(parent, dotted)
+
+
+def version() -> str:
+  return str(getattr(sys.modules.get("jax"), "__version__", "?"))

@@ -1,0 +1,120 @@
+"""Notebooks (`.ipynb`): their code cells as one module, and back.
+
+The code cells run in one namespace, so they are checked as one module (an
+import in the first cell serves the last). IPython lines (`%magic`, `!shell`,
+`name?`) are held out as `pass` placeholders and put back as they were; a
+cell run by a cell magic (`%%time`, `%%bash`) is left out whole, as is a cell
+that does not parse (reported). Findings name the cell: `nb.ipynb:cell 3`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+from typing import Any
+
+_MAGIC = re.compile(r"^(\s*)(%|!|\?)|^\s*\w[\w.]*\?\??\s*$|^\s*[\w.]+\s*=\s*[!%]")
+_CELL = "# <jax-sharding-ext-port cell {}>"
+_CELL_LINE = re.compile(r"^# <jax-sharding-ext-port cell (\d+)>$", re.M)
+_HELD = "pass  # <jax-sharding-ext-port held {}>"
+_HELD_LINE = re.compile(r"^([ \t]*)pass  # <jax-sharding-ext-port held (\d+)>$", re.M)
+
+
+@dataclasses.dataclass
+class Notebook:
+  data: Any
+  indent: int | None
+  trailing_newline: bool
+  cells: dict[int, str]  # cell number (from 1, code cells counted with the others) -> source
+  held: list[str]        # the IPython lines taken out
+  broken: dict[int, SyntaxError]
+
+
+def _source(cell: dict) -> str:
+  src = cell.get("source", "")
+  return "".join(src) if isinstance(src, list) else str(src)
+
+
+def load(raw: bytes, path: str) -> Notebook:
+  """Raises ValueError when `raw` is not a notebook."""
+  try:
+    data = json.loads(raw)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"not a notebook (JSON: {e})") from None
+  if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+    raise ValueError("not a notebook (no `cells` list)")
+  text = raw.decode("utf-8", "replace")
+  second = text.split("\n", 2)[1] if text.count("\n") >= 2 else ""
+  indent = len(second) - len(second.lstrip(" ")) if second.startswith(" ") else None
+  nb = Notebook(data, indent, text.endswith("\n"), {}, [], {})
+  for number, cell in enumerate(data["cells"], 1):
+    if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+      continue
+    source = _source(cell)
+    if source.lstrip().startswith("%%"):
+      continue
+    masked = "\n".join(_hold(nb, line) for line in source.split("\n"))
+    try:
+      ast.parse(masked, f"{path}:cell {number}")
+    except SyntaxError as e:
+      nb.broken[number] = e
+      continue
+    except (RecursionError, MemoryError, ValueError) as e:
+      nb.broken[number] = SyntaxError(str(e) or type(e).__name__)
+      continue
+    nb.cells[number] = masked
+  return nb
+
+
+def _hold(nb: Notebook, line: str) -> str:
+  m = _MAGIC.match(line)
+  if m is None:
+    return line
+  nb.held.append(line)
+  indent = line[:len(line) - len(line.lstrip())]
+  return indent + _HELD.format(len(nb.held) - 1)
+
+
+def module_text(nb: Notebook) -> tuple[str, dict[int, int]]:
+  """The code cells as one module, and the first line of each cell in it."""
+  lines: list[str] = []
+  first: dict[int, int] = {}
+  for number, source in nb.cells.items():
+    lines.append(_CELL.format(number))
+    first[number] = len(lines) + 1
+    lines += source.split("\n")
+  return "\n".join(lines) + "\n", first
+
+
+def cell_starts(text: str) -> dict[int, int]:
+  """The first line of each cell in a `module_text` (or its rewrite)."""
+  starts = {}
+  for m in _CELL_LINE.finditer(text):
+    starts[int(m.group(1))] = text.count("\n", 0, m.start()) + 2
+  return starts
+
+
+def locate(starts: dict[int, int], line: int) -> tuple[int, int]:
+  """(cell number, line in that cell) of a line of `module_text`."""
+  number = max((n for n, start in starts.items() if start <= line), key=lambda n: starts[n])
+  return number, line - starts[number] + 1
+
+
+def dump(nb: Notebook, text: str) -> bytes:
+  """The notebook with its code cells replaced by those in `text` (a rewritten
+  `module_text`)."""
+  text = _HELD_LINE.sub(lambda m: nb.held[int(m.group(2))], text)
+  pieces = _CELL_LINE.split(text)
+  for i in range(1, len(pieces), 2):
+    number, source = int(pieces[i]), pieces[i + 1]
+    source = source[1:] if source.startswith("\n") else source
+    source = source[:-1] if source.endswith("\n") else source
+    cell = nb.data["cells"][number - 1]
+    if _source(cell) == source:
+      continue
+    cell["source"] = (source.splitlines(keepends=True) if isinstance(cell.get("source"), list)
+                      else source)
+  out = json.dumps(nb.data, indent=nb.indent, ensure_ascii=False)
+  return (out + "\n" if nb.trailing_newline else out).encode("utf-8")
