@@ -10,12 +10,17 @@ right under its definition.
 * MLIR constant handlers: a GDA closed over by a jitted function is fetched
   and embedded like a `jax.Array`;
 * jit's C++ dispatch registry: warm calls unpack a GDA to its private array;
-* `jax.device_put(gda)` with no target keeps it where it is.
+* `jax.device_put(gda)` with no target keeps it where it is, and a reshard
+  across processes is stock's reshard of its `jax.Array`.
 
 The output flag's result handler is in `output.py`.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from jax.sharding import Sharding
 
 from jax_sharding_ext._array.gda import GlobalDeviceArray, rebuild
 from jax_sharding_ext._dispatch import donation
@@ -55,10 +60,29 @@ EDITS.append(jax_tables.TableEdit("mlir constant handlers", jax_tables.constant_
 EDITS.append(jax_dispatch.DispatchNodeEdit(GlobalDeviceArray, rebuild))
 
 
-def device_put_default(x: GlobalDeviceArray):
-  # `jax.device_put(gda)` keeps a committed array where it is, as for a
-  # `jax.Array` (stock returns it unchanged, or copies it in place).
-  return x._checked_array("pass it to `jax.device_put`").sharding
+def device_put_args(xs: list, devices: list) -> tuple[list, list, Any]:
+  """What stock's `jax.device_put` gets for GDA values, and what to do after.
+
+  * `jax.device_put(gda)` with no target keeps a committed array where it is,
+    as for a `jax.Array` (stock returns it unchanged, or copies it in place);
+  * a target or a GDA spanning other processes: stock reshards there only its
+    own array class, so it gets the GDA's `jax.Array` (a sibling, no copy) and
+    reshards it exactly as it reshards that array (jaxlib judges the transfer
+    as it judges that array's); the reshard is recorded in the open ledgers.
+  """
+  records = []
+  for i, (x, d) in enumerate(zip(xs, devices, strict=True)):
+    if type(x) is not GlobalDeviceArray:
+      continue
+    arr = x._checked_array("pass it to `jax.device_put`")
+    if d is None:
+      devices[i] = arr.sharding
+    elif isinstance(d, Sharding) and not (arr.is_fully_addressable and d.is_fully_addressable):
+      xs[i] = x.to_jax_array()
+      records.append(moves.across_processes(arr, d))
+  if not records:
+    return xs, devices, None
+  return xs, devices, lambda: moves.record(records)
 
 
-EDITS.append(jax_tables.DevicePutDefaultEdit(GlobalDeviceArray, device_put_default))
+EDITS.append(jax_tables.DevicePutEdit(GlobalDeviceArray, device_put_args))

@@ -69,11 +69,14 @@ def sibling(arr: Any) -> Any:
   The two share their device buffers, so deleting or donating either deletes
   both, as for two references to one array. `ArrayImpl.clone` makes it in
   C++ without building `arr`'s per-shard cache (about 3 us on 8 devices,
-  where building the cache first costs about 30 us).
+  where building the cache first costs about 30 us); it refuses an array
+  spanning other processes ("Cannot copy array to non-addressable device"),
+  which is assembled from this process's single-device arrays instead, as
+  `jax.make_array_from_single_device_arrays` assembles one.
   """
-  if _HAS_CLONE:
+  if _HAS_CLONE and arr.is_fully_addressable:
     return arr.clone()
-  return ArrayImpl(arr.aval, arr.sharding, single_device_arrays(arr),  # pragma: no cover
+  return ArrayImpl(arr.aval, arr.sharding, single_device_arrays(arr),
                    committed=arr._committed, _skip_checks=True)
 
 

@@ -11,7 +11,7 @@ jaxlib's C++ registry), `jax._src.array` (`ArrayImpl`), `jax._src.dispatch`
 What breaks first when JAX changes: a table renamed or moved (the import
 below fails with the module's name), or the canonicalisation registry's C++
 signature (`CanonicalizeEdit`), or `dispatch._batched_device_put_impl`
-(`DevicePutDefaultEdit` refuses to apply and says so).
+(`DevicePutEdit` refuses to apply and says so).
 """
 
 from __future__ import annotations
@@ -263,43 +263,55 @@ def batched_device_put(shape, dtype, sharding, values, devices):
   return _pxla.batched_device_put(aval, sharding, list(values), list(devices))
 
 
-# --- device_put with no target ---------------------------------------------
-# `jax.device_put(x)` (no device, no sharding) keeps a committed `jax.Array`
-# where it is: `dispatch._device_put_sharding_impl` returns it unchanged (or
-# copies it onto its own sharding). Any other type is treated like host data
-# and lands on the default device, uncommitted, before a shard-arg handler
-# ever sees it (the handler is only told the default device's sharding), so
-# a GDA would silently move all its shards to device 0. The one place that
-# sees "no target" together with the value is `dispatch._batched_device_put_impl`,
+# --- jax.device_put of a GDA ---------------------------------------------
+# Two decisions of `jax.device_put` look at the value's class, and no table
+# exists for either; both are made in `dispatch._batched_device_put_impl`,
 # which `jax.device_put` calls eagerly through the module attribute (jax
 # 0.10.2 and 0.12.x; under a trace it binds `device_put_p`, whose operands
-# are tracers). No table exists for it, so the attribute is wrapped, with a
-# reversible edit that refuses to clobber someone else's wrapper.
+# are tracers), with the values and their targets side by side:
+# * no target (`jax.device_put(x)`): a committed `jax.Array` stays where it
+#   is (`dispatch._device_put_sharding_impl` returns it unchanged, or copies
+#   it onto its own sharding); any other type is treated like host data and
+#   lands on the default device, uncommitted, before a shard-arg handler ever
+#   sees it, so a GDA would silently move all its shards to device 0;
+# * a target or a value spanning other processes: only an `ArrayImpl` is
+#   resharded there (`_different_device_order_reshard` and the cross-host
+#   copy); any other type is refused ("device_put's second argument must be
+#   a Device or a Sharding which represents addressable devices").
+# The attribute is wrapped, with a reversible edit that refuses to clobber
+# someone else's wrapper.
 # ---------------------------------------------------------------------------
 
 _DP_IMPL_NAME = "_batched_device_put_impl"
 
 
-class DevicePutDefaultEdit(Edit):
-  """`jax.device_put(x)` with no target uses `default_of(x)` for values of `typ`."""
+class DevicePutEdit(Edit):
+  """`jax.device_put` of values of `typ`.
+
+  `prepare(xs, devices)` returns the values and targets to hand to stock, and
+  a function to call once stock has placed them (or None).
+  """
 
   name = f"dispatch.{_DP_IMPL_NAME}"
 
-  def __init__(self, typ: type, default_of: Callable[[Any], Any]):
+  def __init__(self, typ: type, prepare: Callable[[list, list], tuple]):
     self.typ = typ
-    self.default_of = default_of
+    self.prepare = prepare
     self.prev: Any = None
     self.wrapper: Any = None
 
   def _apply(self) -> None:
     prev = getattr(_fx_dispatch, _DP_IMPL_NAME)
-    typ, default_of = self.typ, self.default_of
+    typ, prepare = self.typ, self.prepare
 
     def _batched_device_put_impl(*xs, devices, **kwargs):
-      if any(type(x) is typ and d is None for x, d in zip(xs, devices, strict=True)):
-        devices = [default_of(x) if type(x) is typ and d is None else d
-                   for x, d in zip(xs, devices, strict=True)]
-      return prev(*xs, devices=devices, **kwargs)
+      if not any(type(x) is typ for x in xs):
+        return prev(*xs, devices=devices, **kwargs)
+      xs, devices, done = prepare(list(xs), list(devices))
+      out = prev(*xs, devices=devices, **kwargs)
+      if done is not None:
+        done()
+      return out
 
     self.prev = prev
     self.wrapper = _batched_device_put_impl

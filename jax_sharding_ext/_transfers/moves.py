@@ -124,6 +124,24 @@ def shard_arrays(arrays, shardings, layouts, copy_semantics):
     return jax_tables.array_shard_arg(arrays, shardings, layouts, copy_semantics)
 
 
+def across_processes(arr, sharding) -> Move | None:
+  """The explicit device_to_device reshard of `arr` onto `sharding` where one
+  of them spans other processes, as this process sees it (its devices' bytes);
+  None when no ledger is open."""
+  if not ledger.open_count:
+    return None
+  dst = tuple(sharding.addressable_devices_indices_map(arr.shape))
+  nbytes = math.prod(sharding.shard_shape(arr.shape)) * arr.dtype.itemsize * len(dst)
+  return Move(D2D, True, arr.shape, arr.dtype, nbytes, _devices_of(arr), dst, "allow")
+
+
+def record(done: Sequence[Move | None]) -> None:
+  """Record moves that stock made (and judged) in the open transfer ledgers."""
+  for m in done:
+    if m is not None and ledger.open_count:
+      ledger.add(m.direction, m.explicit, m.nbytes, m.shape, m.dtype, m.src, m.dst, m.site())
+
+
 def _aot_mismatch_error(arrays, shardings, moving) -> ValueError:
   """Stock's error for a compiled executable called with other shardings.
 
