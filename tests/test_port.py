@@ -9,6 +9,8 @@ replacement that does not exist.
 import ast
 import importlib
 import importlib.util
+import json
+import os
 import pathlib
 import re
 import subprocess
@@ -16,6 +18,7 @@ import sys
 import warnings
 
 import jax
+import numpy as np
 import pytest
 
 import jax_sharding_ext
@@ -89,8 +92,11 @@ def assert_imports_resolve(source):
 
 def assert_port_invariants(source, path="<source>"):
   """After `fix`: it compiles, its new imports resolve, the findings left are the
-  JSE2xx / JSE3xx ones of before, and fixing again changes nothing."""
+  ones of before that `--write` does not fix, each said once, and fixing again
+  changes nothing. A fixable finding says so; no message is cut short."""
   before = port.check(source, path)
+  assert all(f.message.endswith(_rules.WRITE) == f.fixable for f in before), before
+  assert not any("...`" in f.message for f in before)  # code is never cut short
   fixed = port.fix(source)
   compile(fixed, path, "exec")
   assert_imports_resolve(fixed)
@@ -98,6 +104,7 @@ def assert_port_invariants(source, path="<source>"):
   assert not any(f.fixable for f in after)
   assert sorted((f.code, f.message) for f in after) == sorted(
       (f.code, f.message) for f in before if not f.fixable)
+  assert len({(f.line, f.col, f.code) for f in after}) == len(after)
   assert port.fix(fixed) == fixed
   return fixed
 
@@ -108,14 +115,17 @@ def assert_port_invariants(source, path="<source>"):
 def test_script_findings_write_diff_and_run(cli, tmp_path, mesh_2d):
   path = tmp_path / "train.py"
   path.write_text(TRAIN)
-  status, found, out, _ = cli(path)
+  status, found, out, err = cli(path)
   assert status == 1 and found == TRAIN_FINDINGS, out
   assert all(line.startswith(f"{path}:") for line in out.splitlines())
+  assert all(line.endswith("(--write fixes this)") for line in out.splitlines())
+  assert "9 findings (9 fixable with --write) in 1 file" in err
 
   status, _, out, err = cli("--diff", path)
   assert status == 1 and path.read_text() == TRAIN and "nothing written" in err
   changed = [ln for ln in out.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
   assert changed == [
+      "+import jax_sharding_ext",
       "-from jax.experimental import PartitionSpec as P  # the spec class",
       "-from jax.experimental.maps import Mesh",
       "-from jax.experimental.pjit import pjit, FROM_GDA",
@@ -124,24 +134,24 @@ def test_script_findings_write_diff_and_run(cli, tmp_path, mesh_2d):
       "+from jax_sharding_ext import Mesh",
       "+from jax_sharding_ext import pjit, FROM_GDA",
       "+from jax_sharding_ext import GlobalDeviceArray",
+      "-with mesh:",
+      "+with jax.set_mesh(mesh):",
+      "-total = jax.experimental.multihost_utils.process_allgather(out)",
+      "-sizes = jax.tree_map(np.size, total)",
+      "+total = jax_sharding_ext.multihost_utils.process_allgather(out)",
+      "+sizes = jax.tree_util.tree_map(np.size, total)",
   ]
 
   status, found, _, err = cli("--write", path)
   fixed = path.read_text()
-  assert status == 1 and "fixed 5 imports" in err
-  assert found == [(c, n) for c, n in TRAIN_FINDINGS if not c.startswith("JSE1")]
+  assert (status, found) == (0, []) and "fixed 9 findings in 1 file; 0 findings left" in err
   assert_port_invariants(TRAIN, str(path))
   status, _, _, err = cli("--write", path)  # idempotent
-  assert path.read_text() == fixed and "fixed 0 imports in 0 files" in err
+  assert path.read_text() == fixed and "fixed 0 findings in 0 files" in err
 
-  # The rewritten script runs on this package up to what the tool left:
-  # `jax.tree_map` (JSE301) is gone from JAX.
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)  # `with mesh:` (JSE204)
-    with pytest.raises(AttributeError, match="tree_map"):
-      load(path, "train")
-  module = sys.modules.get("ported_train")
-  assert module is None or not hasattr(module, "sizes")
+  # The rewritten script runs here (warnings are errors: no deprecated `with mesh:`).
+  module = load(path, "train")
+  assert module.sizes == 16 and np.array_equal(module.total.reshape(8, 2), module.data * 2)
 
 
 # -- each finding, on small snippets -----------------------------------------------
@@ -157,7 +167,7 @@ CASES = {
                    [("JSE102", 1), ("JSE102", 2), ("JSE307", 3)]),
     "gda through jax": ("import jax.experimental.global_device_array\n"
                         "jax.experimental.global_device_array.GlobalDeviceArray\n",
-                        [("JSE306", 1), ("JSE306", 2)]),
+                        [("JSE307", 1), ("JSE306", 2)]),
     "legacy pjit": ("from jax.experimental.pjit import pjit, FROM_GDA\n"
                     "f = pjit(g, in_axis_resources=FROM_GDA, out_axis_resources=None)\n",
                     [("JSE103", 1), ("JSE103", 1)]),
@@ -182,7 +192,7 @@ CASES = {
                               "x, m, p)\njax.experimental.multihost_utils.sync_global_devices('a')\n"
                               "jax.experimental.multihost_utils.broadcast_one_to_all(x)\n"
                               "jax.experimental.multihost_utils.assert_equal(x)\n",
-                              [("JSE203", 3), ("JSE203", 4), ("JSE203", 7)]),
+                              [("JSE203", 3), ("JSE203", 4), ("JSE203", 6), ("JSE203", 7)]),
     "serialization": ("from jax.experimental.gda_serialization import serialization\n"
                       "import jax.experimental.gda_serialization.serialization as ser\n"
                       "from jax.experimental.gda_serialization.serialization import "
@@ -204,7 +214,8 @@ CASES = {
                   "with m:\n  pass\nwith Mesh(d, ('x',)):\n  pass\nwith jax.make_mesh((8,), "
                   "('x',)):\n  pass\nwith jax.set_mesh(mesh), mesh_lock, jax.sharding.use_mesh("
                   "mesh):\n  pass\n",
-                  [("JSE204", 4), ("JSE204", 6), ("JSE204", 8), ("JSE204", 10), ("JSE204", 12)]),
+                  [("JSE204", 4), ("JSE204", 6), ("JSE204", 8), ("JSE204", 10), ("JSE204", 12),
+                   ("JSE311", 14)]),
     "tree aliases": ("import jax\nfrom jax import tree_multimap\njax.tree_map(f, x)\n"
                      "jax.tree_leaves(x)\njax.tree_util.tree_multimap(f, x)\njax.tree.map(f, x)\n"
                      "jax.tree_util.tree_map(f, x)\n",
@@ -223,8 +234,56 @@ CASES = {
                         "from jax.experimental.sharding import MeshPspecSharding\n",
                         [("JSE307", 2), ("JSE307", 3), ("JSE307", 4), ("JSE307", 5),
                          ("JSE307", 6)]),
-    "thread_resources": ("import jax\njax.experimental.maps.thread_resources.env.physical_mesh\n",
-                         [("JSE308", 2)]),
+    "tree imports": ("from jax import tree_map, tree_multimap as tm\nimport jax\n"
+                     "jax.tree_util.tree_multimap(f, x)\n",
+                     [("JSE301", 1), ("JSE301", 1), ("JSE301", 3)]),
+    "module attributes": (
+        "import jax\nfrom jax.experimental import maps, pjit, sharding\n"
+        "m = maps.Mesh(d, ('x',))\ns = sharding.MeshPspecSharding(m, jax.experimental.PartitionSpec())\n"
+        "f = pjit.pjit(g, in_axis_resources=pjit.FROM_GDA, out_axis_resources=pjit.PartitionSpec())\n"
+        "y = pjit.with_sharding_constraint(x, axis_resources=pjit.PartitionSpec('x'))\n",
+        [("JSE307", 2), ("JSE307", 2), ("JSE306", 3), ("JSE307", 4), ("JSE306", 4),
+         ("JSE305", 5), ("JSE306", 5), ("JSE306", 5), ("JSE306", 6), ("JSE310", 6),
+         ("JSE306", 6)]),
+    "names the installed JAX lacks": (
+        "import jax\nfrom jax import pxla\nfrom jax._src.util import prod\n"
+        "from jax.interpreters.pxla import OutputType\nfrom jax._src import config as jax_config\n"
+        "@jax_config.jax_array(True)\ndef test():\n  with jax.spmd_mode('allow_all'):\n    pass\n"
+        "jax.sharding.OpShardingSharding\njax._src.sharding.MeshPspecSharding\n",
+        [("JSE307", 2), ("JSE307", 3), ("JSE311", 4), ("JSE311", 6), ("JSE307", 8),
+         ("JSE307", 10), ("JSE307", 11)]),
+    "fallback branches": (
+        "try:\n  from jax.sharding import NamedSharding\nexcept ImportError:\n"
+        "  from jax.experimental.sharding import MeshPspecSharding as NamedSharding\n"
+        "try:\n  from jax.experimental.maps import Mesh\nexcept ImportError:\n  Mesh = None\n"
+        "try:\n  from jax.experimental.maps import xmap\nexcept ImportError:\n  xmap = None\n"
+        "m = Mesh(d, ('x',))\nf = xmap(g)\nNamedSharding(m, P())\n",
+        [("JSE104", 6), ("JSE302", 10), ("JSE302", 14)]),
+    "array values": ("import jax\nbufs = x.device_buffers\nd = bufs[0].device()\n"
+                     "b = f(x).device_buffer\nlocal = gda._device_buffers\n",
+                     [("JSE312", 2), ("JSE313", 3), ("JSE312", 4), ("JSE205", 5)]),
+    "a module's own members": ("import jax\nclass A:\n  def device(self):\n    return 0\n"
+                               "  def device_buffers(self):\n    return []\n"
+                               "A().device(), A().device_buffers\n", []),
+    "mesh as decorator": ("import jax\nfrom jax_sharding_ext import pjit\n"
+                          "mesh(pjit(f))(x)\n@global_mesh\ndef step():\n  pass\n",
+                          [("JSE206", 3), ("JSE206", 4)]),
+    "maps.mesh": ("from jax.experimental import maps\nwith maps.mesh(devices, ('x', 'y')):\n"
+                  "  pass\n", [("JSE307", 1), ("JSE308", 2)]),
+    "orbax restore of GDAs": (
+        "import orbax.checkpoint as ocp\n"
+        "from jax.experimental.global_device_array import GlobalDeviceArray\n"
+        "args = ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, mesh=m, mesh_axes=a)\n",
+        [("JSE207", 1), ("JSE101", 2)]),
+    "orbax without GDAs": ("import orbax.checkpoint as ocp\nimport jax\n"
+                           "ocp.ArrayRestoreArgs(sharding=s)\n", []),
+    "options with the package imported": (
+        "import jax\nimport jax_sharding_ext\n"
+        "jax.config.update('jax_parallel_functions_output_gda', True)\n", []),
+    "thread_resources": ("import jax\njax.experimental.maps.thread_resources.env.physical_mesh\n"
+                         "from jax.interpreters import pxla\n"
+                         "pxla.thread_resources.env.physical_mesh.empty\n",
+                         [("JSE308", 2), ("JSE308", 4)]),
     "modern code": ("import jax\nfrom jax.sharding import Mesh, PartitionSpec as P\n"
                     "from jax.experimental import multihost_utils as _unused_if_ported, mesh_utils\n"
                     "with jax.set_mesh(Mesh(d, ('x',))):\n  y = jax.jit(f)(x)\n",
@@ -312,37 +371,61 @@ def test_no_findings_exit_0(cli, tmp_path):
   assert (status, out) == (0, "") and "0 findings" in err
 
 
-def test_missing_path_exit_2_nothing_written(cli, tmp_path):
+MAPS = "from jax.experimental.maps import Mesh\n"
+PORTED = "from jax_sharding_ext import Mesh\n"
+
+
+def unreadable(path):
+  """Make `path` a regular file whose read fails (root reads any file mode, so
+  then a link to one the kernel refuses to read)."""
+  if os.geteuid() != 0:
+    path.write_text("import jax\n")
+    path.chmod(0)
+  else:
+    path.symlink_to("/proc/self/mem")  # a regular file; reading offset 0 is EIO
+
+
+def test_bad_files_are_reported_and_the_others_handled(cli, tmp_path):
   fixable = tmp_path / "a.py"
-  fixable.write_text("from jax.experimental.maps import Mesh\n")
-  status, _, out, err = cli("--write", fixable, tmp_path / "missing.py")
-  assert status == 2 and out == ""
-  assert "missing.py: no such file or directory; nothing written" in err
-  assert fixable.read_text() == "from jax.experimental.maps import Mesh\n"
-
-
-def test_unreadable_file_exit_2(cli, tmp_path, monkeypatch):
-  path = tmp_path / "a.py"
-  path.write_text("import jax\n")
-  real = pathlib.Path.read_bytes
-
-  def refuse(self):
-    if self.name == "a.py":
-      raise PermissionError(13, "Permission denied")
-    return real(self)
-  monkeypatch.setattr(pathlib.Path, "read_bytes", refuse)
-  status, _, _, err = cli(path)
-  assert status == 2 and f"{path}: cannot read: Permission denied" in err
-
-
-def test_syntax_error_exit_2_nothing_written(cli, tmp_path):
-  fixable = tmp_path / "a.py"
-  fixable.write_text("from jax.experimental.maps import Mesh\n")
+  fixable.write_text(MAPS)
   (tmp_path / "bad.py").write_text("import jax\ndef f(:\n  pass\n")
-  status, _, out, err = cli("--write", tmp_path)
-  assert status == 2 and out == ""
-  assert f"{tmp_path / 'bad.py'}:2:" in err and "does not parse" in err and "nothing written" in err
-  assert fixable.read_text() == "from jax.experimental.maps import Mesh\n"
+  unreadable(tmp_path / "locked.py")
+  status, found, out, err = cli("--write", tmp_path, tmp_path / "missing.py")
+  assert status == 2 and found == [] and out == ""
+  assert fixable.read_text() == PORTED  # the good file is fixed all the same
+  assert f"{tmp_path / 'bad.py'}:2:7: does not parse: invalid syntax" in err
+  assert re.search(rf"{re.escape(str(tmp_path / 'locked.py'))}: cannot read: \w", err), err
+  assert f"{tmp_path / 'missing.py'}: no such file or directory" in err
+  assert "fixed 1 finding in 1 file; 0 findings left" in err and "3 problems" in err
+
+
+def test_findings_of_other_files_are_printed_past_a_bad_one(cli, tmp_path):
+  unreadable(tmp_path / "a_locked.py")
+  (tmp_path / "b.py").write_text(MAPS)
+  status, found, _, err = cli(tmp_path)
+  assert status == 2 and found == [("JSE104", 1)] and "cannot read" in err
+
+
+def test_only_regular_files_are_read(cli, tmp_path):
+  """A FIFO named *.py would block a plain open(); a dangling link has nothing to
+  read. In a directory both are skipped; named, each is an error (exit 2)."""
+  (tmp_path / "a.py").write_text(MAPS)
+  os.mkfifo(tmp_path / "pipe.py")
+  (tmp_path / "dangling.py").symlink_to(tmp_path / "nowhere.py")
+  (tmp_path / "linked.py").symlink_to(tmp_path / "a.py")  # the same file: read once
+  status, found, _, err = cli(tmp_path)
+  assert (status, found) == (1, [("JSE104", 1)]) and "error" not in err
+  status, found, _, err = cli(tmp_path / "pipe.py", tmp_path / "dangling.py")
+  assert status == 2 and found == []
+  assert f"{tmp_path / 'pipe.py'}: not a regular file; skipped" in err
+  assert f"{tmp_path / 'dangling.py'}: no such file or directory" in err
+
+
+def test_a_fifo_never_hangs_the_command(tmp_path):
+  os.mkfifo(tmp_path / "pipe.py")
+  res = subprocess.run([sys.executable, "-m", "jax_sharding_ext.port", str(tmp_path / "pipe.py"),
+                        str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=REPO)
+  assert res.returncode == 2 and "not a regular file" in res.stderr, res.stderr
 
 
 def test_usage_errors_exit_2(cli):
@@ -354,33 +437,128 @@ def test_diff_writes_nothing_and_write_applies_it(cli, tmp_path):
   path = tmp_path / "a.py"
   path.write_text("import jax\nfrom jax.experimental.maps import Mesh\njax.tree_map(f, x)\n")
   status, _, out, err = cli("--diff", path)
-  assert status == 1 and "nothing written" in err
+  assert status == 1 and "--write would fix 2 findings in 1 file; nothing written" in err
   assert path.read_text().count("jax.experimental.maps") == 1
   assert f"--- a/{path}" in out and f"+++ b/{path}" in out
-  assert "-from jax.experimental.maps import Mesh\n+from jax_sharding_ext import Mesh\n" in out
+  assert ("-from jax.experimental.maps import Mesh\n-jax.tree_map(f, x)\n"
+          "+from jax_sharding_ext import Mesh\n+jax.tree_util.tree_map(f, x)\n") in out
   status, found, _, err = cli("--write", path)
-  assert status == 1 and found == [("JSE301", 3)] and "fixed 1 import in 1 file" in err
-  assert path.read_text() == "import jax\nfrom jax_sharding_ext import Mesh\njax.tree_map(f, x)\n"
+  assert (status, found) == (0, []) and "fixed 2 findings in 1 file" in err
+  assert path.read_text() == ("import jax\nfrom jax_sharding_ext import Mesh\n"
+                              "jax.tree_util.tree_map(f, x)\n")
   status, _, out, _ = cli("--diff", path)
-  assert "---" not in out  # nothing left to rewrite
+  assert status == 0 and "---" not in out  # nothing left to rewrite
 
 
-def test_write_when_only_imports_needed_exits_0(cli, tmp_path):
+def test_write_prints_what_is_left(cli, tmp_path):
   path = tmp_path / "a.py"
-  path.write_text("from jax.experimental.pjit import pjit, FROM_GDA\n")
-  assert cli("--write", path)[:2] == (0, [])
-  assert cli(path)[:2] == (0, [])
+  path.write_text("from jax.experimental.maps import Mesh, xmap\nf = xmap(g)\n")
+  status, found, out, err = cli("--write", path)
+  assert status == 1 and found == [("JSE302", 2), ("JSE302", 3)]  # at their new places
+  assert path.read_text() == (PORTED + "from jax.experimental.maps import xmap\n"
+                              "f = xmap(g)\n")
+  assert "fixed 1 finding in 1 file; 2 findings left" in err
 
 
-def test_directories_are_searched_for_python_files(cli, tmp_path):
+def test_directories_are_searched_for_python_files_and_notebooks(cli, tmp_path):
   for rel in ("pkg/a.py", "pkg/sub/b.py", "pkg/.venv/c.py", "pkg/__pycache__/d.py",
               "pkg/notes.txt"):
     (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / rel).write_text("from jax.experimental.maps import Mesh\n")
+    (tmp_path / rel).write_text(MAPS)
+  (tmp_path / "pkg" / "n.ipynb").write_text(notebook(["import jax", MAPS]))
   status, found, out, _ = cli(tmp_path / "pkg", tmp_path / "pkg" / "a.py")
-  assert status == 1 and found == [("JSE104", 1), ("JSE104", 1)]
+  assert status == 1 and found == [("JSE104", 1)] * 3
   assert [ln.split(":")[0] for ln in out.splitlines()] == [
-      str(tmp_path / "pkg" / "a.py"), str(tmp_path / "pkg" / "sub" / "b.py")]
+      str(tmp_path / "pkg" / "a.py"), str(tmp_path / "pkg" / "n.ipynb"),
+      str(tmp_path / "pkg" / "sub" / "b.py")]
+
+
+def test_files_without_jax_are_not_parsed(cli, tmp_path):
+  path = tmp_path / "a.py"
+  path.write_text("x = (\n")  # would not parse; it cannot use JAX either
+  assert cli(path)[0] == 0
+
+
+def test_any_depth_of_valid_python(cli, tmp_path):
+  """Expressions as deep as Python itself compiles (a long `a + a + ...` chain
+  nests one level per term) are checked and rewritten, including inside them."""
+  path = tmp_path / "deep.py"
+  terms = " + ".join(["x.device_buffers"] * 400)
+  source = (f"import jax\ny = jax.tree_map(f, {terms})\nz = "
+            + "(" * 90 + "jax.tree_leaves(t)" + ")" * 90 + "\n")
+  compile(source, "deep", "exec")
+  path.write_text(source)
+  status, found, _, _ = cli(path)
+  assert status == 1 and len(found) == 402
+  status, found, _, err = cli("--write", path)
+  assert (status, found) == (0, []) and "fixed 402 findings" in err
+  text = path.read_text()
+  assert text.count("[s.data for s in x.addressable_shards]") == 400
+  assert "jax.tree_util.tree_map(f, " in text and "jax.tree_util.tree_leaves(t)" in text
+
+
+def test_too_deep_for_python_is_an_error_not_a_crash(cli, tmp_path):
+  path = tmp_path / "deep.py"
+  source = "import jax\nx = " + " + ".join(["a"] * 100_000) + "\n"
+  with pytest.raises((RecursionError, MemoryError, SyntaxError)):
+    compile(source, "deep", "exec")  # Python cannot run it either
+  path.write_text(source)
+  status, _, _, err = cli(path)
+  assert status == 2 and f"{path}:" in err and "does not parse" in err
+
+
+def notebook(cells, code=True):
+  return json.dumps({"cells": [{"cell_type": "code" if code else "markdown",
+                                "execution_count": None, "metadata": {}, "outputs": [],
+                                "source": c.splitlines(keepends=True)} for c in cells],
+                     "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1) + "\n"
+
+
+def test_notebook_code_cells_are_checked_and_rewritten(cli, tmp_path):
+  path = tmp_path / "n.ipynb"
+  cells = ["!pip install jax\n%matplotlib inline\nimport jax\n" + MAPS,
+           "%%time\njax.tree_map(f, x)",  # a cell magic: not Python, left alone
+           "x = jax.tree_leaves(y)\ndisplay?",
+           "def broken(:"]
+  path.write_text(notebook(cells))
+  status, found, out, err = cli(path)
+  assert status == 2 and "cell 4:1:12: does not parse" in err
+  assert [ln.split(": ")[0] for ln in out.splitlines()] == [
+      f"{path}:cell 1:4:35", f"{path}:cell 3:1:5"]
+  status, found, _, _ = cli("--write", path)
+  sources = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
+  assert sources == ["!pip install jax\n%matplotlib inline\nimport jax\n" + PORTED,
+                     cells[1], "x = jax.tree_util.tree_leaves(y)\ndisplay?", cells[3]]
+  assert path.read_text().startswith('{\n "cells": [\n  {\n')  # its JSON layout kept
+  assert cli(path)[:2] == (2, [])
+
+
+def test_a_notebook_gets_the_package_import_in_the_cell_that_imports_jax(tmp_path):
+  path = tmp_path / "n.ipynb"
+  path.write_text(notebook(["import jax", "# a later cell\n"
+                            "jax.config.update('jax_parallel_functions_output_gda', True)"]))
+  assert main(["--write", str(path)]) == 0
+  sources = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
+  assert sources == ["import jax\nimport jax_sharding_ext", "# a later cell\n"
+                     "jax.config.update('jax_parallel_functions_output_gda', True)"]
+
+
+def run_stdin(*args, stdin):
+  return subprocess.run([sys.executable, "-m", "jax_sharding_ext.port", *args], input=stdin,
+                        capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_stdin(tmp_path):
+  source = "import jax\n" + MAPS + "jax.tree_map(f, x)\n"
+  res = run_stdin("-", stdin=source)
+  assert res.returncode == 1 and res.stdout.startswith("-:2:35: JSE104 "), res.stdout
+  assert len(res.stdout.splitlines()) == 2
+  res = run_stdin("--write", "-", stdin=source)
+  assert res.returncode == 0, res.stderr
+  assert res.stdout == "import jax\n" + PORTED + "jax.tree_util.tree_map(f, x)\n"
+  res = run_stdin("--write", "-", stdin=MAPS + "from jax.experimental.maps import xmap\n")
+  assert res.returncode == 1 and res.stdout.startswith(PORTED)
+  assert "-:2:35: JSE302" in res.stderr  # what is left goes to stderr
 
 
 def test_ignore_hides_codes_from_output_and_status(cli, tmp_path):
@@ -464,6 +642,15 @@ def test_removed_names_are_gone_and_changed_ones_are_there():
     assert not hasattr(jax.config, option)
   for option in _reports.OPTIONS:  # defined by this package
     assert hasattr(jax.config, option)
+
+
+def test_every_rename_points_from_a_removed_name_to_one_that_exists():
+  pytest.importorskip("tensorstore")  # `jax_sharding_ext.serialization` needs it
+  for old, (code, new) in _rules.RENAMES.items():
+    assert code in _reports.CODES, old
+    assert resolves(new), (old, new)
+    # Only the deprecated stock `pjit` is still there (it no longer takes GDA-era specs).
+    assert resolves(old) == (old == "jax.experimental.pjit.pjit"), old
 
 
 def test_every_fix_points_at_a_name_that_exists():

@@ -211,7 +211,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     print(f"{_plural(state.shown_findings, 'finding')} ({state.fixable} fixable with "
           f"--write) in {files}", file=err)
   if state.errors:
-    print(f"{PROG}: {_plural(state.errors, 'file')} could not be handled (above)", file=err)
+    print(f"{PROG}: {_plural(state.errors, 'problem')} (above)", file=err)
     return 2
   return 1 if state.shown_findings else 0
 
