@@ -88,7 +88,12 @@ from jax.sharding import Mesh, NamedSharding
 from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, canonical_shape, layout
 from jax_sharding_ext._checkpoint import args as _args
-from jax_sharding_ext._checkpoint import metadata as _ck
+from jax_sharding_ext._checkpoint import checks as _checks
+from jax_sharding_ext._checkpoint import markers as _markers
+from jax_sharding_ext._checkpoint import metadata as _metadata
+from jax_sharding_ext._checkpoint import reading as _reading
+from jax_sharding_ext._checkpoint import running as _running
+from jax_sharding_ext._checkpoint import saving as _saving
 from jax_sharding_ext._jax import checkpoint as jax_checkpoint
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
@@ -108,14 +113,14 @@ __all__ = [
     "run_serialization",
 ]
 
-TS_CONTEXT = _ck.TS_CONTEXT
-COMMIT_MARKER = _ck.COMMIT_MARKER
+TS_CONTEXT = _metadata.TS_CONTEXT
+COMMIT_MARKER = _markers.COMMIT_MARKER
 # Private names of the GDA-era module that GDA-era code reads.
 _CHECKPOINT_SUCCESS = jax_checkpoint.CHECKPOINT_SUCCESS
 _LimitInFlightBytes = jax_checkpoint.LimitInFlightBytes
-_spec_has_metadata = _ck.spec_has_metadata
-_get_metadata = _ck.gda_metadata
-_GDA_METADATA = _ck.GDA_METADATA
+_spec_has_metadata = _metadata.spec_has_metadata
+_get_metadata = _metadata.gda_metadata
+_GDA_METADATA = _metadata.GDA_METADATA
 
 
 # -- the old module's functions -------------------------------------------------------
@@ -165,9 +170,9 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   Writes no commit marker.
   """
   fn = "async_serialize"
-  choice = _ck.checked_metadata_choice(fn, metadata)
-  (arr,), _, _ = _ck.checked_arrays(fn, [arr_inp], [tensorstore_spec], choice)
-  return await _stock.async_serialize(arr, tensorstore_spec, commit_future=commit_future)
+  choice = _metadata.checked_metadata_choice(fn, metadata)
+  (arr,), (spec,) = _checks.checked_arrays(fn, [arr_inp], [tensorstore_spec], choice)
+  return await _stock.async_serialize(arr, spec, commit_future=commit_future)
 
 
 @jax_tracebacks.api_boundary
@@ -182,71 +187,27 @@ def run_serialization(arrays, tensorstore_specs, *, metadata=_GDA_METADATA):
   written. `metadata`: as for `async_serialize`.
   """
   fn = "run_serialization"
-  choice = _ck.checked_metadata_choice(fn, metadata)
-  arrs, specs, full_specs = _ck.checked_arrays(fn, arrays, tensorstore_specs, choice)
-  writer = _ck.SaveInProgress()
-  held = _ck.hold_paths(fn, specs, writer, _ck.RUN_WRITER)
+  choice = _metadata.checked_metadata_choice(fn, metadata)
+  arrs, specs = _checks.checked_arrays(fn, arrays, tensorstore_specs, choice)
+  writer = _markers.SaveInProgress()
+  held = _markers.hold_paths(fn, specs, writer, _markers.RUN_WRITER)
   try:
     multi_process = jax.process_count() > 1
     # One event loop for the whole save on one process, as stock's
     # `run_serialization` (starting a loop costs about 0.1 ms).
-    _ck.run(lambda: _save(fn, arrs, specs, full_specs, choice, commit=not multi_process))
+    _running.run(lambda: _saving.save(fn, arrs, specs, choice, commit=not multi_process))
     if multi_process:
       _multihost.sync_global_devices("jax_sharding_ext.serialization.run_serialization")
       if jax.process_index() == 0:
-        _ck.run(lambda: _ck.set_markers(specs, False))
+        _running.run(lambda: _markers.set_markers(specs, False))
       _multihost.sync_global_devices("jax_sharding_ext.serialization.committed")
   finally:
-    _ck.release_paths(held, writer)
-
-
-async def _prepare(fn, specs, full_specs, choice) -> list:
-  """Check the targets (refusing leaves them intact), then mark them
-  uncommitted; return the opened marker stores."""
-  stores, _ = await asyncio.gather(_ck.marker_stores(specs),
-                                   _ck.check_targets(fn, full_specs, choice))
-  await _ck.mark(stores, True)
-  return stores
-
-
-async def _save(fn, arrs, specs, full_specs, choice, *, commit: bool) -> None:
-  """`_prepare`, write every array (stock's `run_serialization`, as a
-  coroutine), then, with `commit`, mark the targets committed."""
-  stores = await _prepare(fn, specs, full_specs, choice)
-  await asyncio.gather(*(_stock.async_serialize(a, s) for a, s in zip(arrs, specs, strict=True)))
-  if commit:
-    await _ck.mark(stores, False)
+    _markers.release_paths(held, writer)
 
 
 def estimate_read_memory_footprint(t: ts.TensorStore) -> int:
   """Bytes read (whole chunks) to read all of `t`."""
   return _ts_impl.estimate_read_memory_footprint(t, t.domain)
-
-
-async def _read(spec: Any, global_shape: Any, dtype: Any, byte_limiter: Any,
-                target: Mesh | jax.sharding.Sharding, mesh_axes: Any) -> jax.Array:
-  """Read the array at `spec` onto `target`: a mesh (with `mesh_axes`) or a
-  `NamedSharding` give a GDA, another `Sharding` a `jax.Array`."""
-  at = f"`async_deserialize` of '{_ck.spec_path(spec)}'"
-  dtype = _ck.checked_dtype(dtype, f"{at}: dtype")
-  t = await _ck.open_existing(spec, at)
-  await _ck.check_committed(spec, at)
-  shape = t.shape if global_shape is None else canonical_shape(global_shape)
-  if len(shape) != t.rank:
-    raise ValueError(f"{at}: global_shape {tuple(shape)} has rank {len(shape)}, but "
-                     f"the stored array has rank {t.rank} (shape {t.shape}).")
-  if isinstance(target, Mesh):
-    sharding = NamedSharding(target, layout(shape, target, mesh_axes).spec)
-  else:
-    sharding = target
-    if isinstance(target, NamedSharding):
-      mesh_axes = target.spec
-      layout(shape, target.mesh, mesh_axes)  # the checks and messages of the mesh form
-  arr = await _stock.async_deserialize(sharding, spec, tuple(shape), dtype,
-                                       byte_limiter=byte_limiter)
-  if not isinstance(sharding, NamedSharding):
-    return arr
-  return GlobalDeviceArray._wrap(arr, mesh_axes)
 
 
 async def async_deserialize(*args, **kwargs):
@@ -263,13 +224,7 @@ async def async_deserialize(*args, **kwargs):
   `global_shape` larger than the stored shape zero-pads, smaller truncates;
   `dtype` casts on the host. Each process reads only its devices' shards.
   """
-  kind, a = _args.bind(_args.ASYNC_DESERIALIZE, args, kwargs)
-  if kind == _args.MESH:
-    target, mesh_axes = a["mesh"], a["mesh_axes"]
-  else:
-    target, mesh_axes = a["in_sharding"], None
-  return await _read(a["tensorstore_spec"], a["global_shape"], a["dtype"], a["byte_limiter"],
-                     target, mesh_axes)
+  return await _reading.read_one(*_args.bind(_args.ASYNC_DESERIALIZE, args, kwargs))
 
 
 @jax_tracebacks.api_boundary
@@ -286,31 +241,8 @@ def run_deserialization(*args, **kwargs):
   gives for it. At most `concurrent_gb` GB of host memory is in flight per
   process.
   """
-  return _run_deserialization(_args.RUN_DESERIALIZATION, args, kwargs)
-
-
-def _run_deserialization(forms: _args.Forms, args: tuple, kwargs: dict) -> list:
-  kind, a = _args.bind(forms, args, kwargs)
-  specs = a["tensorstore_specs"]
-  if kind == _args.MESH:
-    targets, axes, shapes, dts = _ck.same_length(
-        forms.fn, len(specs), global_meshes=a["global_meshes"], mesh_axes=a["mesh_axes"],
-        global_shapes=a["global_shapes"], dtypes=a["dtypes"])
-  else:
-    targets, shapes, dts = _ck.same_length(
-        forms.fn, len(specs), shardings=a["shardings"], global_shapes=a["global_shapes"],
-        dtypes=a["dtypes"])
-    axes = [None] * len(specs)
-  for i, d in enumerate(dts):
-    _ck.checked_dtype(d, _ck.where(forms.fn, "dtypes", i))
-
-  async def read_all():
-    limiter = _LimitInFlightBytes(a["concurrent_gb"] * 10**9)
-    return await asyncio.gather(*(
-        _read(spec, shape, dtype, limiter, target, mesh_axes)
-        for spec, shape, dtype, target, mesh_axes
-        in zip(specs, shapes, dts, targets, axes, strict=True)))
-  return _ck.run(read_all)
+  forms = _args.RUN_DESERIALIZATION
+  return _reading.read_many(forms, *_args.bind(forms, args, kwargs))
 
 
 # -- the checkpoint manager -------------------------------------------------------------
@@ -395,20 +327,20 @@ class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
     if not callable(on_commit_callback):
       raise TypeError(f"`{fn}`: on_commit_callback must be callable, got "
                       f"{type(on_commit_callback).__name__}.")
-    choice = _ck.checked_metadata_choice(fn, metadata)
-    arrs, specs, full_specs = _ck.checked_arrays(fn, arrays, tensorstore_specs, choice)
+    choice = _metadata.checked_metadata_choice(fn, metadata)
+    arrs, specs = _checks.checked_arrays(fn, arrays, tensorstore_specs, choice)
     self.wait_until_finished()  # also releases the paths of the previous checkpoint
-    held = _ck.hold_paths(fn, specs, self, _ck.MANAGER_WRITER)
+    held = _markers.hold_paths(fn, specs, self, _markers.MANAGER_WRITER)
     try:
-      _ck.run(lambda: _prepare(fn, specs, full_specs, choice))
+      _running.run(lambda: _saving.prepare(fn, specs, choice))
 
       def commit():  # process 0, after every process has committed its writes
-        _ck.run(lambda: _ck.set_markers(specs, False))
+        _running.run(lambda: _markers.set_markers(specs, False))
         on_commit_callback()
-      _ck.call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
+      _running.call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
           arrs, specs, on_commit_callback=commit))
     except BaseException:
-      _ck.release_paths(held, self)
+      _markers.release_paths(held, self)
       raise
     self._jse_held_paths = held
 
@@ -420,7 +352,7 @@ class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
     try:
       super().wait_until_finished()
     finally:
-      _ck.release_paths(getattr(self, "_jse_held_paths", ()), self)
+      _markers.release_paths(getattr(self, "_jse_held_paths", ()), self)
       self._jse_held_paths = []
 
   @jax_tracebacks.api_boundary
@@ -431,4 +363,5 @@ class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
     global_shapes=None, dtypes=None)` (JAX 0.3.22 to 0.4.x); both also take
     `concurrent_gb=32`, as stock's manager does."""
     self.wait_until_finished()
-    return _run_deserialization(_args.MANAGER_DESERIALIZE, args, kwargs)
+    forms = _args.MANAGER_DESERIALIZE
+    return _reading.read_many(forms, *_args.bind(forms, args, kwargs))

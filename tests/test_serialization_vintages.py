@@ -11,7 +11,9 @@ writes what that code wrote:
 """
 
 import asyncio
+import copy
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -360,7 +362,7 @@ def test_the_default_writes_exactly_the_old_metadata(mesh_2d, tmp_path, case, sa
   spec = _spec(tmp_path, "a")
   SAVES[save](gda, spec)
   assert _zarray(tmp_path, "a") == _old_zarray(shape, chunks, zdtype)
-  assert spec["metadata"]["compressor"] == {"id": "gzip"}  # filled in, as the old module did
+  assert spec == _spec(tmp_path, "a")  # the caller's spec is left as it was
   out, = serialization.run_deserialization([NamedSharding(mesh_2d, axes)], [_spec(tmp_path, "a")])
   np.testing.assert_array_equal(np.asarray(out), data)
 
@@ -381,6 +383,32 @@ def test_get_metadata_del_dtype_as_t5x_and_orbax_did(mesh_2d, tmp_path):
   with pytest.raises(TypeError, match="_get_metadata` takes a GlobalDeviceArray or a concrete "
                                       "jax.Array, got ndarray"):
     serialization._get_metadata(data)
+
+
+@pytest.mark.parametrize("save", list(SAVES))
+def test_a_spec_saved_once_means_the_same_the_next_time(mesh_2d, tmp_path, save):
+  """A save never writes into the caller's spec, so one spec dict saved with
+  the default metadata and then with `metadata="stock"` writes zstd the second
+  time (the first save's gzip metadata filled into the dict used to win
+  silently). Stock `array_serialization` does fill its metadata into the
+  caller's spec; it has no metadata choice for that to override."""
+  gda, data = _gda(mesh_2d, P("x", "y"))
+  stock_spec = stock.get_tensorstore_spec(str(tmp_path / "stock"))
+  asyncio.run(stock.async_serialize(gda.to_jax_array(), stock_spec))
+  assert "metadata" in stock_spec  # stock's own behaviour
+  spec = _spec(tmp_path, "a")
+  want = copy.deepcopy(spec)
+  SAVES[save](gda, spec)
+  assert spec == want and _zarray(tmp_path, "a")["compressor"]["id"] == "gzip"
+  shutil.rmtree(tmp_path / "a")
+  SAVES[save](gda, spec, metadata="stock")
+  assert spec == want and _zarray(tmp_path, "a")["compressor"]["id"] == "zstd"
+  out, = serialization.run_deserialization([mesh_2d], [P("y")], [spec])
+  np.testing.assert_array_equal(np.asarray(out), data)
+  # Overwriting the zstd array in place with the default gzip is refused.
+  with pytest.raises(ValueError, match="compressor"):
+    SAVES[save](gda, spec)
+  assert spec == want
 
 
 @pytest.mark.parametrize("save", list(SAVES))
