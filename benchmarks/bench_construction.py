@@ -18,6 +18,11 @@ result is deleted after the clock stops, so memory stays bounded. Samples are
 interleaved (`_common.interleaved`) and medians reported as throughput
 (GB/s, 1e9 bytes per second; ratio > 1 is faster than the base).
 
+Then, for adoption (no bytes move), the per-call cost of building over
+single-device arrays already on their devices: the constructor next to
+`jax.make_array_from_single_device_arrays`, and `from_callback` returning
+device arrays next to `make_array_from_callback` doing the same.
+
 Targets: from_callback >= 0.95x make_array_from_callback
 throughput, and at least 0.5x the physical limit's (within 2x);
 >= 1.15x make_array_from_callback with donation intact.
@@ -145,8 +150,8 @@ def _measure(reps: int, mib: int, warmup: int) -> dict:
   return {"shape": list(shape), "nbytes": host.nbytes, "medians": medians, "faults": faults}
 
 
-def run(reps: int = 21, mib: int = 256, warmup: int = 2, fresh_process: bool = True
-        ) -> list[dict]:
+def run(reps: int = 21, mib: int = 256, warmup: int = 2, fresh_process: bool = True,
+        adopt_n: int = 2000) -> list[dict]:
   where = "a fresh subprocess" if fresh_process else "this process"
   print(f"\nconstruction: {mib} MiB float32 over 8 devices, mesh 4x2, P('x', 'y'); "
         f"{reps} interleaved samples each, in {where}")
@@ -171,7 +176,42 @@ def run(reps: int = 21, mib: int = 256, warmup: int = 2, fresh_process: bool = T
         f"(target >= 0.5x, within 2x: {'ok' if r_copy >= 0.5 else 'MISSED'})")
   print(f"  make_array_from_callback / numpy copy throughput:    "
         f"{throughput[STOCK] / throughput[COPY]:.3f}x  (stock reference)")
-  return rows
+  return rows + adoption(adopt_n)
+
+
+ADOPT_GDA = "GlobalDeviceArray(..., device_buffers)"
+ADOPT_STOCK = "jax.make_array_from_single_device_arrays"
+ADOPT_CB_GDA = "from_callback returning device arrays"
+ADOPT_CB_STOCK = "make_array_from_callback returning device arrays"
+
+
+def adoption(n: int = 2000) -> list[dict]:
+  """Building an array over single-device arrays that are already in place
+  (zero-copy adoption, no bytes move): the cost is all per-call work,
+  including the package's note that the buffers are shared."""
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("x", "y"))
+  spec = P("x", "y")
+  sharding = NamedSharding(mesh, spec)
+  shape = (64, 64)
+  host = np.arange(64 * 64, dtype=np.float32).reshape(shape)
+  index = sharding.addressable_devices_indices_map(shape)
+  bufs = [jax.device_put(host[index[d]], d) for d in mesh.local_devices]
+  by_index = {str(index[d]): b for d, b in zip(mesh.local_devices, bufs, strict=True)}
+  callback = lambda i: by_index[str(i)]
+  fns = {
+      ADOPT_GDA: lambda: GlobalDeviceArray(shape, mesh, spec, bufs),
+      ADOPT_STOCK: lambda: jax.make_array_from_single_device_arrays(shape, sharding, bufs),
+      ADOPT_CB_GDA: lambda: GlobalDeviceArray.from_callback(shape, mesh, spec, callback),
+      ADOPT_CB_STOCK: lambda: jax.make_array_from_callback(shape, sharding, callback),
+  }
+  print(f"\nadoption: {shape} float32 over 8 devices from arrays already on them; "
+        f"{n} interleaved calls each")
+  medians = _common.interleaved(fns, n=n, warmup=100)
+  return (_common.report("adoption, constructor (64, 64) over 8 devices",
+                         {k: medians[k] for k in (ADOPT_GDA, ADOPT_STOCK)}, ADOPT_STOCK)
+          + _common.report("adoption, callback (64, 64) over 8 devices",
+                           {k: medians[k] for k in (ADOPT_CB_GDA, ADOPT_CB_STOCK)},
+                           ADOPT_CB_STOCK))
 
 
 def main() -> None:

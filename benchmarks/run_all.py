@@ -36,13 +36,14 @@ BENCHES: list[tuple[str, dict, dict]] = [
     ("bench_transfer_guard", {"n": 2000}, {"n": 200}),
     ("bench_effects", {"calls": 200, "rounds": 15}, {"calls": 50, "rounds": 5}),
     ("bench_donation", {"steps": 50, "mib": 64}, {"steps": 10, "mib": 64}),
-    ("bench_construction", {"reps": 21}, {"reps": 5}),
+    ("bench_construction", {"reps": 21}, {"reps": 5, "adopt_n": 200}),
     # Before bench_checkpoint: each checkpoint save leaves memory behind in this
     # process, and the scaling run's 1 GiB checkpoint child needs several GiB.
     ("bench_scaling", {}, {"quick": True}),
     ("bench_checkpoint", {"reps": 15}, {"reps": 3}),
     ("bench_train_loop", {"n": 400}, {"n": 50}),
     ("bench_import", {"runs": 21}, {"runs": 5}),
+    ("bench_port", {"runs": 5}, {"runs": 1}),
 ]
 
 
@@ -251,6 +252,16 @@ TARGETS: list[Target] = [
                             / r.median("import time", "import jax") - 1),
            "{:.1f}%", lambda v: v < 10),
     *_ledger_targets(),
+    *(Target(f"porting assistant, {what} (fresh process)", f"<= {limit:g} s",
+             lambda r, v=variant: r.median("porting assistant, 1 MB files", v), "{:.2f} s",
+             lambda v, limit=limit: v <= limit)
+      for what, variant, limit in (
+          ("1 MB GDA-era file, --write", "1 MB GDA-era file, --write", 10),
+          ("1 MB GDA-era file, check", "1 MB GDA-era file, check", 10),
+          ("1 MB file without jax", "1 MB file without jax, check", 2))),
+    Target("porting assistant, peak memory on a 1 MB GDA-era file, --write (reference)", "-",
+           lambda r: r.median("porting assistant, peak memory", "1 MB GDA-era file, --write"),
+           "{:.0f} MiB", None),
     *_scaling_targets(),
 ]
 

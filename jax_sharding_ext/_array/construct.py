@@ -77,12 +77,13 @@ def host_values_array(lay: Layout, mesh: Mesh, mesh_axes: Any, devices: Sequence
                       indices: Sequence[Index], values: Sequence[Any]
                       ) -> tuple[jax.Array, bool]:
   """One `jax.Array` over `mesh` from one value per local device, and whether
-  it adopted (shares the buffers of) a `jax.Array` value already on its device."""
+  it may share buffers with a value: a `jax.Array` already on its device is
+  adopted as it is, without a copy."""
   prepared = _prepared(lay, mesh_axes, devices, indices, values)
   dtype = prepared[0].dtype if prepared else np.dtype(np.float32)  # no local devices
   arr = moves.place_host_shards(lay.shape, dtype, named_sharding(mesh, lay.spec),
                                 prepared, devices)
-  return arr, moves.adopts_device_values(prepared, devices)
+  return arr, moves.has_device_values(prepared)
 
 
 def _prepared(lay, mesh_axes, devices, indices, values) -> list[Any]:

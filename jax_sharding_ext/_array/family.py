@@ -95,7 +95,7 @@ def sibling_of(gda: Any, arr: Any) -> Any:
   """
   family = family_of(arr)
   if family is None:
-    family = _Family()
+    family = _Family(untracked=gda_untracked(gda))
     _join(arr, family)
   sibling = jax_buffers.sibling(arr)
   _join(sibling, family)
@@ -103,21 +103,29 @@ def sibling_of(gda: Any, arr: Any) -> Any:
   return sibling
 
 
+UNTRACKED = _Family(untracked=True)
+"""The family of a GDA known only to share its buffers with arrays the package
+does not track: it lists no members (none are known), so marking costs one
+attribute write."""
+
+
 def mark_untracked(gda: Any) -> None:
   """Record that `gda`'s buffers may also be held by arrays the package does
   not track (see the module docstring)."""
-  family = family_of(gda._arr)
+  family = gda._family
   if family is None:
-    family = _Family(untracked=True)
-    _join(gda._arr, family)
-  family.untracked = True
-  gda._family = family
+    gda._family = UNTRACKED
+  else:
+    family.untracked = True
 
 
-def is_untracked(arr: Any) -> bool:
-  """True when `arr` (a GDA's private array or a sibling) belongs to an
-  untracked family."""
-  family = family_of(arr)
+def gda_untracked(gda: Any) -> bool:
+  """True when arrays the package does not track may hold `gda`'s buffers."""
+  family = gda._family
   return family is not None and family.untracked
 
 
+def is_untracked(arr: Any) -> bool:
+  """True when `arr` (a sibling of a GDA's array) belongs to an untracked family."""
+  family = family_of(arr)
+  return family is not None and family.untracked

@@ -47,7 +47,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_sharding_ext._array.family import buffers_id, is_untracked
+from jax_sharding_ext._array.family import buffers_id, gda_untracked, is_untracked
 from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import dispatch as jax_dispatch
@@ -189,9 +189,9 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
     return
   info = jax_donation.current_call_donation()
   if info is None:
-    jax_dispatch.record_call(None, None, gdas, GlobalDeviceArray, _untracked_gda)
+    jax_dispatch.record_call(None, None, gdas, GlobalDeviceArray, gda_untracked)
     return
-  jax_dispatch.record_call(info.args, info.donated, gdas, GlobalDeviceArray, _untracked_gda)
+  jax_dispatch.record_call(info.args, info.donated, gdas, GlobalDeviceArray, gda_untracked)
   if not any(info.donated):
     return
   pair = _donated_alias(info.args, info.donated)
@@ -210,10 +210,6 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
       "donated.")
 
 
-def _untracked_gda(gda: Any) -> bool:
-  return is_untracked(gda._arr)
-
-
 def _donated_alias(args: Sequence[Any], donated: Sequence[bool]) -> tuple[int, int] | None:
   """`(i, j)`: donated argument `i` shares buffers with argument `j`, or None.
 
@@ -223,12 +219,13 @@ def _donated_alias(args: Sequence[Any], donated: Sequence[bool]) -> tuple[int, i
   """
   array_t = jax_tables.ArrayImpl
   arrays: dict[int, Any] = {}  # argument index -> the jax.Array handed over
+  untracked: dict[int, bool] = {}
   for i, x in enumerate(args):
     t = type(x)
     if t is GlobalDeviceArray:
-      arrays[i] = x._arr
+      arrays[i], untracked[i] = x._arr, gda_untracked(x)
     elif t is array_t:
-      arrays[i] = x
+      arrays[i], untracked[i] = x, is_untracked(x)
   by_family: dict[int, list[int]] = {}
   for i, arr in arrays.items():
     by_family.setdefault(buffers_id(arr), []).append(i)
@@ -236,7 +233,7 @@ def _donated_alias(args: Sequence[Any], donated: Sequence[bool]) -> tuple[int, i
     same = by_family[buffers_id(arr)]
     if donated[i] and len(same) > 1:
       return i, (same[0] if same[0] != i else same[1])
-  if not any(map(is_untracked, arrays.values())):
+  if not any(untracked.values()):
     return None
   by_shard: dict[tuple, list[int]] = {}
   for i, arr in arrays.items():
@@ -244,7 +241,7 @@ def _donated_alias(args: Sequence[Any], donated: Sequence[bool]) -> tuple[int, i
       by_shard.setdefault((arr.dtype, arr.sharding.shard_shape(arr.shape)), []).append(i)
   for group in by_shard.values():
     if (len(group) < 2 or not any(donated[i] for i in group)
-        or not any(is_untracked(arrays[i]) for i in group)):
+        or not any(untracked[i] for i in group)):
       continue
     where = {i: jax_buffers.addresses(arrays[i], owned=type(args[i]) is GlobalDeviceArray)
              for i in group}

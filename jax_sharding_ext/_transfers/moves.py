@@ -88,11 +88,10 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
     return jax_tables.batched_device_put(shape, dtype, sharding, values, devices)
 
 
-def adopts_device_values(values: Sequence[Any], devices: Sequence[Any]) -> bool:
-  """True when placing `values` adopts one of them: a `jax.Array` already on
-  its device becomes a shard as it is, without a copy."""
-  return not _all_host_data(values) and any(
-      isinstance(v, jax.Array) and _already_on(v, d) for v, d in zip(values, devices, strict=True))
+def has_device_values(values: Sequence[Any]) -> bool:
+  """True when some of `values` are `jax.Array`s (placing one already on its
+  device adopts it without a copy)."""
+  return not _all_host_data(values)
 
 
 def _all_host_data(values: Sequence[Any]) -> bool:
