@@ -311,7 +311,7 @@ def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: boo
   for t in TARGETS:
     try:
       v = t.measure(table)
-    except (KeyError, ZeroDivisionError):
+    except (KeyError, ZeroDivisionError, StopIteration):  # not run (e.g. --only)
       results.append((t, "not measured", "NOT MEASURED"))
       continue
     if t.ok is None:

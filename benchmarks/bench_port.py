@@ -1,0 +1,158 @@
+"""Porting assistant speed: `python -m jax_sharding_ext.port` on 1 MB files.
+
+Each sample is a fresh subprocess of the command line (startup included, as a
+user runs it), timed with its peak memory (the child's max RSS). Variants,
+interleaved:
+
+- a 1 MB GDA-era file (a 2022-style training script, repeated as functions):
+  checked, and rewritten with `--write` (a fresh copy each time);
+- a 1 MB file without `jax` in it, checked;
+- a 1 MB file that mentions `jax` only in a comment (so it is parsed and
+  walked in full), checked;
+- the bare startup (`--codes`), the floor of every variant.
+
+Targets: the GDA-era file in at most 10 s (`--write` included), the file
+without `jax` in at most 2 s; peak memory is printed (one file is held at a
+time, so it does not grow with the number of files).
+
+Run: `.venv/bin/python benchmarks/bench_port.py [--runs 5]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import _common  # environment first (sets XLA_FLAGS)
+
+_SCRIPT = '''\
+import jax
+import jax.experimental.multihost_utils
+import numpy as np
+from jax.experimental import PartitionSpec as P
+from jax.experimental.maps import Mesh
+from jax.experimental.pjit import pjit, FROM_GDA
+from jax.experimental.global_device_array import GlobalDeviceArray
+from jax.experimental import maps
+
+'''
+_STEP = '''\
+def step_{i}(data, devices):
+  mesh = maps.Mesh(np.asarray(devices).reshape(4, 2), ("x", "y"))
+  batch = GlobalDeviceArray.from_callback((8, 2), mesh, P("x", "y"), lambda i: data[i])
+  step = pjit(lambda x: x * 2, in_axis_resources=FROM_GDA, out_axis_resources=P("x", "y"))
+  with mesh:
+    out = step(batch)
+  if jax.config.jax_array:
+    out = out.addressable_data(0)
+  buffers = out.device_buffers
+  total = jax.experimental.multihost_utils.process_allgather(out)
+  return jax.tree_map(np.size, total), [b.device() for b in buffers]
+
+'''
+_PLAIN = '''\
+def f_{i}(a, b):
+  """Add and average {i}."""
+  c = [a + b * k for k in range(10)]
+  return sum(c) / len(c)  # a comment
+
+'''
+MB = 1 << 20
+
+
+def _fill(head: str, template: str, size: int = MB) -> str:
+  parts, n, i = [head], len(head), 0
+  while n < size:
+    part = template.format(i=i)
+    parts.append(part)
+    n += len(part)
+    i += 1
+  return "".join(parts)
+
+
+def _timed(args: list[str]) -> tuple[float, float]:
+  """(wall seconds, peak RSS of the child in MiB) of one command-line run."""
+  cmd = [sys.executable, "-c", "import resource, subprocess, sys; "
+         "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+         "sys.exit(0 if r.returncode in (0, 1) else r.returncode)",
+         sys.executable, "-m", "jax_sharding_ext.port", *args]
+  t0 = time.perf_counter()
+  res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+  wall = time.perf_counter() - t0
+  return wall, int(res.stdout.split()[-1]) / 1024
+
+
+def run(runs: int = 5) -> list[dict]:
+  tmp = tempfile.mkdtemp(prefix="bench_port_")
+  try:
+    gda = os.path.join(tmp, "gda_era.py")
+    with open(gda, "w") as f:
+      f.write(_fill(_SCRIPT, _STEP))
+    plain = os.path.join(tmp, "no_jax.py")
+    with open(plain, "w") as f:
+      f.write(_fill("", _PLAIN))
+    comment = os.path.join(tmp, "comment.py")
+    with open(comment, "w") as f:
+      f.write(_fill("# not about jax\n", _PLAIN))
+    copy = os.path.join(tmp, "gda_era_copy.py")
+
+    def write():
+      shutil.copyfile(gda, copy)
+      return _timed(["--write", copy])
+
+    variants = {
+        "startup (--codes)": lambda: _timed(["--codes"]),
+        "1 MB GDA-era file, check": lambda: _timed([gda]),
+        "1 MB GDA-era file, --write": write,
+        "1 MB file without jax, check": lambda: _timed([plain]),
+        "1 MB file, jax only in a comment, check": lambda: _timed([comment]),
+    }
+    sizes = {k: os.path.getsize(p) for k, p in (("GDA-era", gda), ("no jax", plain))}
+    print(f"\nporting assistant: {runs} interleaved fresh processes per variant; "
+          f"files: {sizes}")
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    names = list(variants)
+    for i in range(runs):
+      for k in names if i % 2 == 0 else reversed(names):
+        samples[k].append(variants[k]())
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+  rows = []
+  base = "startup (--codes)"
+  medians = {k: statistics.median(w for w, _ in v) for k, v in samples.items()}
+  print("\nporting assistant, 1 MB files (fresh process, wall time)")
+  for k, v in samples.items():
+    peak = max(m for _, m in v)
+    print(f"  {k:<42} {medians[k]:8.2f} s  peak {peak:6.0f} MiB  "
+          f"{medians[k] / medians[base]:5.2f}x startup")
+    rows.append({"benchmark": "porting assistant, 1 MB files", "variant": k,
+                 "median": medians[k], "unit": "s", "ratio": medians[k] / medians[base],
+                 "base": base})
+    rows.append({"benchmark": "porting assistant, peak memory", "variant": k,
+                 "median": peak, "unit": "MiB", "ratio": 1.0, "base": k})
+  for what, k, limit in (("GDA-era, --write", "1 MB GDA-era file, --write", 10.0),
+                         ("GDA-era, check", "1 MB GDA-era file, check", 10.0),
+                         ("without jax", "1 MB file without jax, check", 2.0)):
+    print(f"  {what}: {medians[k]:.2f} s (target <= {limit:.0f} s: "
+          f"{'ok' if medians[k] <= limit else 'MISSED'})")
+  return rows
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--runs", type=int, default=5, help="processes per variant")
+  args = ap.parse_args()
+  _common.print_environment()
+  run(runs=args.runs)
+
+
+if __name__ == "__main__":
+  main()
