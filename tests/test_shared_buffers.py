@@ -213,3 +213,46 @@ def test_many_threads_never_corrupt_a_gda(mesh_2d, use, fast_switching):
     np.testing.assert_array_equal(np.asarray(g), data)
     np.testing.assert_array_equal(np.asarray(g.to_jax_array()), data)
     assert sorted(s.device.id for s in g.local_shards) == list(range(8))
+
+
+_SIBLINGS_PROGRAM = textwrap.dedent("""
+    import os, sys, threading
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.setswitchinterval(1e-6)
+    import jax, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    from jax_sharding_ext import GlobalDeviceArray as GDA
+
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+    data = np.arange(64, dtype=np.float32).reshape(8, 8)
+    f = jax.jit(lambda a, b: a + b, donate_argnums=0)
+    refused = 0
+    for _ in range(30):
+      g = GDA.from_callback((8, 8), mesh, P("x", "y"), lambda i: data[i])
+      views, start = [], threading.Barrier(4)
+      def work():
+        start.wait()
+        views.append(g.to_jax_array())
+        views.append(GDA.from_jax_array(g.to_jax_array()).to_jax_array())
+      threads = [threading.Thread(target=work) for _ in range(4)]
+      [t.start() for t in threads]
+      [t.join() for t in threads]
+      for v in views:
+        try:
+          f(g, v)
+        except RuntimeError as e:
+          assert "Cannot donate" in str(e), e
+          refused += 1
+      assert not g.is_deleted()
+    print("REFUSED", refused)
+""")
+
+
+def test_views_made_in_many_threads_are_all_known():
+  """Views of one GDA made by several threads at once all join its family:
+  donating the GDA next to any of them is refused (a lost one would crash
+  stock jaxlib on 8 devices)."""
+  proc = subprocess.run([sys.executable, "-c", _SIBLINGS_PROGRAM], capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip() == f"REFUSED {30 * 8}"

@@ -20,6 +20,7 @@ compares buffer addresses (`_jax/buffers.py`) instead of families.
 
 from __future__ import annotations
 
+import threading
 import weakref as _weakref
 from typing import Any
 
@@ -50,6 +51,9 @@ class _Family:
 
 _family_of: dict[int, tuple[_weakref.ref, _Family]] = {}
 """`id(array)` -> (a weak reference to it, its family), for family members."""
+
+_lock = threading.Lock()
+"""Held while a family gains a member, so that no thread's member is lost."""
 
 
 def _join(arr: Any, family: _Family) -> None:
@@ -93,13 +97,14 @@ def sibling_of(gda: Any, arr: Any) -> Any:
   `arr` is the GDA's private array (for `to_jax_array`) or the array a GDA is
   made from (for `from_jax_array`); either way both end up in one family.
   """
-  family = family_of(arr)
-  if family is None:
-    family = _Family(untracked=gda_untracked(gda))
-    _join(arr, family)
   sibling = jax_buffers.sibling(arr)
-  _join(sibling, family)
-  gda._family = family
+  with _lock:  # two threads converting one GDA join one family
+    family = family_of(arr)
+    if family is None:
+      family = _Family(untracked=gda_untracked(gda))
+      _join(arr, family)
+    _join(sibling, family)
+    gda._family = family
   return sibling
 
 
