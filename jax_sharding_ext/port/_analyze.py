@@ -25,21 +25,21 @@ _SIMPLE = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.Pass, ast.
 
 
 def _import_resolves(node: ast.Import | ast.ImportFrom) -> bool:
-  """Whether this import runs on today's JAX once `--write` made its rewrites
-  (only JAX's and this package's names can be told)."""
+  """Whether this import surely runs on today's JAX once `--write` made its
+  rewrites (only JAX's and this package's names, already imported, can be told)."""
+  ours = (*_jaxnames.ROOTS, _rules.PKG)
   if isinstance(node, ast.Import):
-    return all(a.name.split(".")[0] in (*_jaxnames.ROOTS, _rules.PKG)
-               and (_rules.fix_for(a.name) is not None or _jaxnames.is_module(a.name))
+    return all(a.name.split(".")[0] in ours
+               and (_rules.fix_for(a.name) is not None or _jaxnames.has(a.name, loaded=True))
                for a in node.names)
-  if node.level or not node.module:
+  if node.level or not node.module or node.module.split(".")[0] not in ours:
     return False
-  if node.module.split(".")[0] not in (*_jaxnames.ROOTS, _rules.PKG):
-    return False
+  if node.module.split(".")[0] == _rules.PKG:
+    return True
   if node.names[0].name == "*":
-    return _jaxnames.is_module(node.module)
+    return _jaxnames.has(node.module, loaded=True)
   return all(_rules.fix_for(f"{node.module}.{a.name}") is not None
-             or (_jaxnames.has(f"{node.module}.{a.name}") and is_jax(node.module))
-             or node.module.split(".")[0] == _rules.PKG for a in node.names)
+             or _jaxnames.has(f"{node.module}.{a.name}", loaded=True) for a in node.names)
 
 
 def dead_try(node: ast.Try) -> bool:

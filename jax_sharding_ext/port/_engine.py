@@ -43,7 +43,6 @@ def parse(text: str, path: str) -> ast.Module:
 @dataclasses.dataclass
 class Result:
   findings: list[Finding]
-  groups: list[list[Edit]]  # the edits of each fixable finding
   ctx: Context
 
 
@@ -53,7 +52,7 @@ def analyze(text: str, path: str, tree: ast.Module | None = None) -> Result:
   walk = _scope.walk(tree, _analyze.dead_try, _values.WATCHED)
   ctx = Context(tree, source, walk)
   _analyze.analyze(tree, ctx)
-  return Result(_findings(ctx, path), [], ctx)
+  return Result(_findings(ctx, path), ctx)
 
 
 def _position(ctx: Context, note: Note) -> tuple[int, int]:

@@ -67,12 +67,12 @@ def _missing(symbol: str) -> str | None:
   return None
 
 
-def missing_note(node: ast.AST | None, symbol: str, shown: str, hint: str = "") -> Note | None:
+def missing_note(node: ast.AST | None, symbol: str, shown: str) -> Note | None:
   missing = _missing(symbol)
   if missing is None:
     return None
   return Note(node, "JSE311", _reports.JSE311.format(
-      shown=shown, version=_jaxnames.version(), missing=missing, hint=hint))
+      shown=shown, version=_jaxnames.version(), missing=missing))
 
 
 def report_note(node: ast.AST | None, symbol: str, shown: str) -> Note | None:

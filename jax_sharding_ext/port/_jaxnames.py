@@ -50,8 +50,10 @@ def _config() -> Any:
 
 
 @functools.cache
-def has(dotted: str) -> bool:
-  """False when the installed JAX surely lacks `dotted`, else True."""
+def has(dotted: str, loaded: bool = False) -> bool:
+  """False when the installed JAX surely lacks `dotted`, else True. With
+  `loaded`, also False for a name inside a submodule not imported yet (its
+  import may fail on its own dependencies)."""
   parts = dotted.split(".")
   if parts[0] not in ROOTS:
     return True
@@ -66,7 +68,8 @@ def has(dotted: str) -> bool:
       if value is None:
         value = sys.modules.get(name)
       if value is None:
-        return _submodule_exists(obj, name)  # a file: its contents are not read
+        # A file: its contents are not read.
+        return not loaded and _submodule_exists(obj, name)
     elif isinstance(obj, type) or obj is _config():
       value = _attr(obj, parts[i])
       if value is None:

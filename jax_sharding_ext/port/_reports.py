@@ -147,7 +147,7 @@ JSE309 = ("module `jax.config` was removed from JAX; `from jax import config` is
           "object (or use `jax.config`)")
 JSE310 = ("`{shown}(..., axis_resources=...)`: the keyword is `shardings` in today's "
           "`jax.lax.with_sharding_constraint`")
-JSE311 = ("`{shown}`: the installed JAX ({version}) has no `{missing}`{hint}")
+JSE311 = "`{shown}`: the installed JAX ({version}) has no `{missing}`"
 JSE312 = ("`{shown}`: `.{attr}` was removed from JAX arrays; use `{new}`")
 JSE313 = ("`{shown}`: `jax.Array` has no `device()` method any more; use `{new}` (the "
           "device of a single-device array)")

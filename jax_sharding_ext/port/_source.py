@@ -21,10 +21,7 @@ def decode(source: bytes) -> tuple[str, str, bool]:
   """(text, encoding, had a BOM) of a module's bytes, as Python reads them
   (PEP 263 cookie, BOM, else UTF-8). Raises SyntaxError for an unknown
   encoding or bytes that do not decode."""
-  try:
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
-  except SyntaxError:
-    raise
+  encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
   bom = encoding == "utf-8-sig"
   try:
     text = source.decode(encoding)
