@@ -280,6 +280,9 @@ CASES = {
     "options with the package imported": (
         "import jax\nimport jax_sharding_ext\n"
         "jax.config.update('jax_parallel_functions_output_gda', True)\n", []),
+    "this package's private modules": ("from jax_sharding_ext._install import install\n"
+                                       "install()\n", []),
+    "a function named like a mesh": ("import jax\ndef _mesh(n):\n  return n\n_mesh(8)\n", []),
     "thread_resources": ("import jax\njax.experimental.maps.thread_resources.env.physical_mesh\n"
                          "from jax.interpreters import pxla\n"
                          "pxla.thread_resources.env.physical_mesh.empty\n",

@@ -85,7 +85,7 @@ class _Uses:
     parts = symbol.split(".")
     if len(parts) >= 3 and ".".join(parts[:2]) in _rules.package_modules():
       module, name = ".".join(parts[:2]), parts[2]
-    elif len(parts) >= 2:
+    elif len(parts) >= 2 and not parts[1].startswith("_"):  # private modules: its own code
       module, name = _rules.PKG, parts[1]
     else:
       return

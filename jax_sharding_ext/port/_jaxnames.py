@@ -4,8 +4,9 @@ Asked of the JAX this process runs, without importing anything new: a module
 already imported is asked for its attribute (deprecated names answer through
 the module's `__getattr__`, removed ones raise `AttributeError` there); a
 submodule not imported yet exists when its file does, and what is inside it
-is not looked at. Classes and `jax.config` are asked for their attributes;
-other objects are not, so a name past one is taken as present. The answer is
+is not looked at. Classes are asked for their attributes; other objects (the
+config object, whose attributes come and go with its options, too) are not,
+so a name past one is taken as present. The answer is
 False only when the name is surely missing.
 """
 
@@ -45,11 +46,6 @@ def _submodule_exists(package: types.ModuleType, dotted: str) -> bool:
 
 
 @functools.cache
-def _config() -> Any:
-  return importlib.import_module("jax").config
-
-
-@functools.cache
 def has(dotted: str, loaded: bool = False) -> bool:
   """False when the installed JAX surely lacks `dotted`, else True. With
   `loaded`, also False for a name inside a submodule not imported yet (its
@@ -70,7 +66,7 @@ def has(dotted: str, loaded: bool = False) -> bool:
       if value is None:
         # A file: its contents are not read.
         return not loaded and _submodule_exists(obj, name)
-    elif isinstance(obj, type) or obj is _config():
+    elif isinstance(obj, type):
       value = _attr(obj, parts[i])
       if value is None:
         return False

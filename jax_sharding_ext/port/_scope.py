@@ -84,6 +84,7 @@ class Walk:
   attrs: list[tuple[ast.Attribute, Scope]] = dataclasses.field(default_factory=list)
   mesh_assigned: list[tuple[str, ast.Call]] = dataclasses.field(default_factory=list)
   defined: set[str] = dataclasses.field(default_factory=set)  # def names, stored attributes
+  functions: set[str] = dataclasses.field(default_factory=set)  # names of `def`s
   bodies: list[list[ast.stmt]] = dataclasses.field(default_factory=list)
 
   def body_of(self, stmt: ast.stmt) -> list[ast.stmt]:
@@ -170,6 +171,7 @@ class _Walker:
     if not isinstance(node, ast.Lambda):
       scope.bind(node.name, Binding(None))
       self.walk.defined.add(node.name)
+      self.walk.functions.add(node.name)
       self.walk.decorators.extend((d, scope) for d in node.decorator_list)
       outer += [*node.decorator_list, node.returns]
       outer += [a.annotation for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,

@@ -33,6 +33,9 @@ _MESH_FACTORY = re.compile(r"^(create|make)_(\w+_)?mesh$")  # jax.make_mesh, cre
 _WSC = frozenset({"jax.lax.with_sharding_constraint",
                   "jax.experimental.pjit.with_sharding_constraint"})
 _MAPS_MESH = "jax.experimental.maps.mesh"
+_GDA_CLASSES = frozenset({f"{_rules.PKG}.GlobalDeviceArray",
+                          f"{_rules.PKG}.global_device_array.GlobalDeviceArray",
+                          f"{_rules.GDA_MODULE}.GlobalDeviceArray"})
 
 
 def option(ctx: Context, node: ast.AST, name: str, how: str) -> None:
@@ -106,7 +109,8 @@ def _mesh_value(ctx: Context, func: ast.expr, scope: _scope.Scope) -> bool:
   if parts is None or ctx.bindings(parts[0], scope):
     return False
   text = ".".join(parts)
-  return bool(_MESH_VALUE.match(parts[-1])) or text in _mesh_names(ctx)
+  named = bool(_MESH_VALUE.match(parts[-1])) and parts[-1] not in ctx.walk.functions
+  return named or text in _mesh_names(ctx)
 
 
 def _mesh_names(ctx: Context) -> set[str]:
@@ -191,14 +195,18 @@ def _orbax(ctx: Context) -> None:
   `mesh_axes=`, without `jax_sharding_ext.orbax_support` imported."""
   module = f"{_rules.PKG}.orbax_support"
   orbax = [s for s in ctx.walk.imports if _imports_orbax(s.node)]
-  if not orbax or ctx.imports_package(module):
+  if not orbax or ctx.imports_package(module) or _internal(ctx):
     return
-  gda = any(ctx.symbols(n, s) and any(sym.endswith(".GlobalDeviceArray")
-                                      for sym in ctx.symbols(n, s))
-            for n, _p, s in ctx.walk.uses)
+  gda = any(sym in _GDA_CLASSES for n, _p, s in ctx.walk.uses for sym in ctx.symbols(n, s))
   mesh_axes = any(kw.arg == "mesh_axes" for call, _s in ctx.walk.calls for kw in call.keywords)
   if gda or mesh_axes:
     ctx.note(orbax[0].node, "JSE207", _reports.JSE207.format(module=module), [], (module,))
+
+
+def _internal(ctx: Context) -> bool:
+  """This package's own code (it imports the package's private modules)."""
+  return any(isinstance(s.node, ast.ImportFrom) and (s.node.module or "").startswith(
+      f"{_rules.PKG}._") for s in ctx.walk.imports)
 
 
 def _imports_orbax(node: ast.Import | ast.ImportFrom) -> bool:
