@@ -38,7 +38,6 @@ from jax.sharding import PartitionSpec as P
 import jax_sharding_ext as jse
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import transfer as jax_transfer
-from jax_sharding_ext._notebook import ipython
 from jax_sharding_ext._transfers import ledger as ledger_module
 from jax_sharding_ext._transfers import moves
 
@@ -617,9 +616,9 @@ def test_ledger_site_text_is_built_when_read_and_kept(mesh_2d, monkeypatch, tmp_
   # Recording keeps the call site; the text is built on first read, once.
   g, g2 = _gda(mesh_2d), _gda(mesh_2d)
   built = []
-  real = ipython.site_text
-  monkeypatch.setattr(ipython, "site_text",
-                      lambda filename, lineno: built.append(lineno) or real(filename, lineno))
+  real = ledger_module.site_text
+  monkeypatch.setattr(ledger_module, "site_text",
+                      lambda site: built.append(site.lineno) or real(site))
   with jse.transfer_ledger() as ledger:
     line = inspect.currentframe().f_lineno + 1
     np.asarray(g), jax.device_get(g2)
@@ -649,11 +648,11 @@ def test_ledger_site_without_a_user_frame_and_in_a_notebook_cell(mesh_2d, monkey
   record = ledger_module.TransferRecord("device_to_host", False, 4, (1,), np.dtype(np.float32),
                                   (), (), site)
 
-  class Shell:  # what `ipython.shell()` reads of a running IPython
+  class Shell:  # what `ipython_shell()` reads of a running IPython
     class compile:
       _filename_map = {"/tmp/ipykernel_1/123.py": 3}
 
-  monkeypatch.setattr(ipython, "shell", lambda: Shell)
+  monkeypatch.setattr(jax_frames, "ipython_shell", lambda: Shell)
   kept = pickle.loads(pickle.dumps(record))  # before its first read: the site travels
   assert record.site == "Cell In[3], line 4" and kept == record
   assert ledger_module.TransferRecord("device_to_host", False, 4, (1,), np.dtype(np.float32),

@@ -228,9 +228,7 @@ def _checked_callback_args(fn, x, sharding, ordered) -> Any:
   if sharding is not None:
     _check_sharding(sharding)
   given = type(x).__name__ if isinstance(x, (list, tuple)) else None
-  if hasattr(x, "to_jax_array") and not isinstance(x, jax.Array):
-    x = x.to_jax_array()  # GlobalDeviceArray: the same buffers, no copy
-  elif isinstance(x, (list, tuple, np.ndarray, np.generic, int, float, complex)):
+  if isinstance(x, (list, tuple, np.ndarray, np.generic, int, float, complex)):
     x = _as_one_array(x)  # host data: placed with `sharding=` below
     if not jax_tables.is_plain_dtype(x.dtype) or x.dtype == np.dtype(object):
       raise TypeError(

@@ -231,8 +231,8 @@ def other_threads_reading_tables() -> list[int]:
 # line: the innermost frame outside this package, `jax` and `jaxlib`. Only
 # the file name, line and function name are kept, never the frame (a ledger
 # record may live long; a frame would keep every local of the call alive).
-# Turning them into text (`Cell In[3], line 5`, a relative path) is left to
-# whoever reads them.
+# They are turned into text (`Cell In[3], line 5`, a relative path) only
+# when read (`site_text`).
 # ---------------------------------------------------------------------------
 
 
@@ -247,6 +247,31 @@ class CallSite(NamedTuple):
 NOT_USER_CODE = tuple(d + os.sep for d in (
     PACKAGE_DIR, os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__)))
 """Frames in these directories (this package, `jax`, `jaxlib`) are not the user's."""
+
+
+def ipython_shell() -> Any:
+  """The running IPython shell, if IPython is already imported and running
+  (IPython is never imported here)."""
+  ipython = sys.modules.get("IPython")
+  get = getattr(ipython, "get_ipython", None)
+  return get() if get is not None else None
+
+
+def site_text(site: CallSite | None) -> str:
+  """`site` for people: `Cell In[3], line 5` for a notebook cell (as
+  IPython's own tracebacks say), else `path:line` with the path relative to
+  the working directory when it is inside it."""
+  if site is None:
+    return "<unknown>:0"
+  filename, lineno = site.filename, site.lineno
+  cells = getattr(getattr(ipython_shell(), "compile", None), "_filename_map", None)
+  if cells and filename in cells:
+    return f"Cell In[{cells[filename]}], line {lineno}"
+  try:
+    rel = os.path.relpath(filename)
+  except ValueError:  # another drive (Windows)
+    rel = filename
+  return f"{filename if rel.startswith('..') else rel}:{lineno}"
 
 
 def user_call_site(skip: tuple[str, ...] = NOT_USER_CODE) -> CallSite | None:

@@ -17,7 +17,7 @@ import sys
 from jax_sharding_ext._edit import Edit
 from jax_sharding_ext._effects import barrier
 from jax_sharding_ext._jax import config as jax_config
-from jax_sharding_ext._notebook import ipython
+from jax_sharding_ext._jax import frames as jax_frames
 
 FLAG_NAME = "jax_sharding_ext_cell_effects_barrier"
 
@@ -53,7 +53,7 @@ class IPythonHookEdit(Edit):
     self.shell = None
 
   def _apply(self) -> None:
-    shell = ipython.shell()
+    shell = jax_frames.ipython_shell()
     if shell is not None:
       shell.events.register("post_run_cell", _end_of_cell)
     self.shell = shell

@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import transfer as jax_transfer
 from jax_sharding_ext._jax.frames import CallSite
-from jax_sharding_ext._notebook import ipython
 
 _DIRECTIONS = jax_transfer.TRANSFER_DIRECTIONS
 
@@ -48,12 +48,7 @@ open_count = 0
 _local = threading.local()
 
 
-def site_text(site: CallSite | None) -> str:
-  """`site` for people: `path:line` (relative to the working directory when
-  inside it) or, in a notebook, `Cell In[n], line k`."""
-  if site is None:
-    return "<unknown>:0"
-  return ipython.site_text(site.filename, site.lineno)
+site_text = jax_frames.site_text
 
 
 class _SiteField:
