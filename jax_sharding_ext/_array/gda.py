@@ -374,20 +374,6 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     """The GDA-era attribute: the local shards' data, in `mesh.local_devices` order."""
     return [s.data for s in self.local_shards]
 
-  def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-    """`jax.Array.__dlpack__` (one device). The consumer may wrap the
-    buffer as an array the package does not see (`family.py`)."""
-    arr = self._shard_array(_USE)
-    family.mark_untracked(self)
-    return arr.__dlpack__(*args, **kwargs)
-
-  def _rewrap_with_aval_and_sharding(self, aval: Any, sharding: Any) -> jax.Array:
-    """`jax.Array._rewrap_with_aval_and_sharding`: a `jax.Array` over this
-    GDA's buffers with another aval and sharding (no copy)."""
-    out = self._checked_array(_USE)._rewrap_with_aval_and_sharding(aval, sharding)
-    family.mark_untracked(self)  # an alias of another shape the family cannot list
-    return out
-
   def block_until_ready(self) -> GlobalDeviceArray:
     try:
       self._arr.block_until_ready()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jax_sharding_ext._array import family
 from jax_sharding_ext._jax.tables import ArrayImpl
 
 _OPERATORS = (
@@ -156,6 +157,20 @@ class _ArraySurface:
   __complex__ = _scalar_conversion("__complex__", _is_scalar)
   __index__ = _scalar_conversion("__index__", _is_scalar)
   __bool__ = _scalar_conversion("__bool__", lambda self: self.size == 1)
+
+  def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+    """`jax.Array.__dlpack__` (one device). The consumer may wrap the
+    buffer as an array the package does not see (`family.py`)."""
+    arr = self._shard_array(_ACTION)
+    family.mark_untracked(self)
+    return arr.__dlpack__(*args, **kwargs)
+
+  def _rewrap_with_aval_and_sharding(self, aval: Any, sharding: Any) -> Any:
+    """`jax.Array._rewrap_with_aval_and_sharding`: a `jax.Array` over the
+    same buffers with another aval and sharding (no copy)."""
+    out = self._checked_array(_ACTION)._rewrap_with_aval_and_sharding(aval, sharding)
+    family.mark_untracked(self)  # an alias of another shape the family cannot list
+    return out
 
   def __format__(self, format_spec: str) -> str:
     if not format_spec:  # `f"{gda}"` is `str(gda)`, as for any Python object

@@ -25,6 +25,10 @@ first when JAX changes):
   `with mesh:`.
 - `dispatch`: jit's C++ dispatch pytree registry, and the node data (read
   from reference counts) that decides which warm calls keep its fast path.
+- `buffers`: a second array object over the same buffers (`clone`),
+  jaxlib's per-shard cache built under one lock, buffer addresses.
+- `private_names`: names in `jax._src` that GDA-era code imported (data for
+  the porting assistant).
 - `checkpoint`: private names of `jax.experimental.array_serialization`
   (imported only by `serialization` and `_checkpoint/`: tensorstore is optional).
 - `tracebacks`: JAX's traceback filtering (API boundaries, excluded paths).

@@ -10,6 +10,7 @@ private modules alike).
 
 from __future__ import annotations
 
+from jax_sharding_ext._jax import private_names
 from jax_sharding_ext.port._rules import Report
 
 _SDA = ("use `jax.Array` (a ShardedDeviceArray is `isinstance(x, jax.Array) and "
@@ -87,7 +88,7 @@ REPORTS: dict[str, Report] = {
         "JSE308"),
     "jax.experimental.maps.thread_resources": Report("JSE308", THREAD_RESOURCES),
     "jax.interpreters.pxla.thread_resources": Report("JSE308", THREAD_RESOURCES, gone=False),
-    "jax._src.mesh.thread_resources": Report("JSE308", THREAD_RESOURCES, gone=False),
+    private_names.THREAD_RESOURCES: Report("JSE308", THREAD_RESOURCES, gone=False),
 }
 
 # Options this package defines on `jax.config` (read: JSE201; set: JSE202).

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jax_sharding_ext._jax import private_names
 from jax_sharding_ext.port import _names
 
 PKG = "jax_sharding_ext"
@@ -100,10 +101,9 @@ RENAMES: dict[str, tuple[str, str]] = {
     "jax.experimental.sharding": ("JSE307", "jax.sharding"),
     "jax.experimental.sharding.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
     "jax.sharding.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
-    "jax._src.sharding.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
-    "jax._src.sharding_impls.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
+    **{old: ("JSE307", "jax.sharding.NamedSharding") for old in private_names.MESH_PSPEC_SHARDING},
     "jax.pxla": ("JSE307", "jax.interpreters.pxla"),
-    "jax._src.util.prod": ("JSE307", "math.prod"),
+    private_names.UTIL_PROD: ("JSE307", "math.prod"),
     GDA_MODULE: ("JSE306", f"{PKG}.global_device_array"),
     SER_MODULE: ("JSE306", f"{PKG}.serialization"),
 }
