@@ -23,7 +23,8 @@ class Edit:
   `apply()` and `revert()` are idempotent: this base class owns "applied";
   subclasses implement `_apply` and `_revert`. A `_revert` that finds the
   entry it installed replaced by someone else raises `RuntimeError` (see
-  `replaced_error`) rather than clobber it.
+  `replaced_error`) rather than clobber it; `_check_revert` says so
+  beforehand, so that `uninstall()` can refuse before it changes anything.
   """
 
   name = "edit"
@@ -38,6 +39,15 @@ class Edit:
     if self.applied:
       self._revert()
       self.applied = False
+
+  def check_revert(self) -> None:
+    """Raise what `revert()` would raise for an entry someone else replaced,
+    without changing anything."""
+    if self.applied:
+      self._check_revert()
+
+  def _check_revert(self) -> None:
+    pass
 
   def _apply(self) -> None:
     raise NotImplementedError

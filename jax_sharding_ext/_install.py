@@ -83,6 +83,8 @@ def uninstall() -> None:
     if not STATE.installed:
       return
     with _no_other_thread_reading_tables("uninstall()"):
+      for edit in EDITS:  # refuse before changing anything
+        edit.check_revert()
       for edit in reversed(EDITS):
         edit.revert()
       STATE.installed = False

@@ -6,9 +6,9 @@ import pytest
 from jax_sharding_ext import _jax
 
 
-def test_installed_jax_is_supported():
-  _jax.check_version()
-  print("jax", jax.__version__, "compat JAX_VERSION", _jax.JAX_VERSION)
+def test_the_version_gate_reads_the_installed_jax():
+  assert _jax.JAX_VERSION == tuple(int(p) for p in jax.__version__.split(".")[:3])
+  assert _jax.MIN_JAX <= _jax.JAX_VERSION < _jax.MAX_JAX_EXCLUSIVE
 
 
 @pytest.mark.parametrize("version", [(0, 4, 30), (0, 10, 1), (0, 13, 0), (1, 0, 0)])

@@ -10,7 +10,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-from jax._src import core, dispatch, effects
+from jax._src import core, dispatch, effects, traceback_util
 from jax._src.interpreters import mlir, pxla
 from jax.sharding import PartitionSpec as P
 
@@ -43,6 +43,11 @@ def _snapshot():
   snap["dispatch objects"] = {"runtime_tokens": dispatch.runtime_tokens}
   # Wrapped (no table exists) so a `Compiled` keeps the output flag it was compiled under.
   snap["pxla methods"] = {"load": pxla.UnloadedMeshExecutable.__dict__["load"]}
+  # Primitive sets the ordered-effect lowerings join, and JAX's traceback filter.
+  snap["prim_requires_devices_during_lowering"] = set(
+      dispatch.prim_requires_devices_during_lowering)
+  snap["uncacheable_primitives"] = set(mlir._uncacheable_primitives)
+  snap["traceback exclusions"] = {"_exclude_paths": tuple(traceback_util._exclude_paths)}
   return snap
 
 
@@ -57,6 +62,8 @@ def _assert_same(a, b):
       if isinstance(a[name][k], dict):
         assert a[name][k].keys() == b[name][k].keys(), (name, k)
         assert all(a[name][k][j] is b[name][k][j] for j in a[name][k]), (name, k)
+      elif isinstance(a[name][k], tuple):
+        assert a[name][k] == b[name][k], (name, k)
       else:
         assert a[name][k] is b[name][k], (name, k)
 
@@ -96,17 +103,24 @@ def test_uninstalled_gda_is_rejected_like_any_unknown_type(mesh_2d, fresh_regist
   np.testing.assert_array_equal(f(gda), data + 1)
 
 
-def test_uninstall_refuses_to_clobber_a_foreign_entry(fresh_registry):
+def test_uninstall_refuses_to_clobber_a_foreign_entry_and_changes_nothing(fresh_registry):
+  """Another extension replaced one of the package's entries: `uninstall()`
+  raises and leaves every table as it was (the entries it had already put
+  back are applied again), still installed; once the entry is the package's
+  again, it uninstalls completely."""
+  installed = _snapshot()
   mine = pxla.shard_arg_handlers[GlobalDeviceArray]
   pxla.shard_arg_handlers[GlobalDeviceArray] = foreign = lambda *a: None
   try:
     with pytest.raises(RuntimeError, match="replaced by someone else"):
       jax_sharding_ext.uninstall()
+    assert pxla.shard_arg_handlers[GlobalDeviceArray] is foreign  # not clobbered
+    assert jax_sharding_ext.is_installed()
   finally:
     pxla.shard_arg_handlers[GlobalDeviceArray] = mine
+  _assert_same(installed, _snapshot())
   jax_sharding_ext.uninstall()
   assert GlobalDeviceArray not in pxla.shard_arg_handlers
-  assert foreign is not mine
 
 
 def test_import_initialises_no_backend():

@@ -42,8 +42,14 @@ def test_only_the_jax_home_touches_jax_src():
   assert pattern.search((home / "tables.py").read_text())  # the home is where it looks
 
 
-def test_version():
-  assert jax_sharding_ext.__version__ == ".".join(map(str, jax_sharding_ext.__version_info__))
+def test_version_is_the_installed_distributions():
+  """`__version__` is what pip installed (the wheel's metadata reads it from
+  `_version.py`), and `__version_info__` its parts."""
+  from importlib import metadata
+  assert jax_sharding_ext.__version__ == metadata.version("jax-sharding-ext")
+  assert re.fullmatch(r"\d+\.\d+\.\d+", jax_sharding_ext.__version__)
+  assert jax_sharding_ext.__version_info__ == tuple(
+      int(p) for p in jax_sharding_ext.__version__.split("."))
 
 
 @pytest.mark.parametrize("module, blocked", [

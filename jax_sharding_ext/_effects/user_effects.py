@@ -40,6 +40,11 @@ class _UserEffectEdits(Edit):
       for edit in self.edits:
         edit.apply()
 
+  def _check_revert(self) -> None:
+    with _lock:
+      for edit in self.edits:
+        edit.check_revert()
+
   def _revert(self) -> None:
     with _lock:
       for edit in reversed(self.edits):

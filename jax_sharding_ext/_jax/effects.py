@@ -163,12 +163,14 @@ class LoweringEdit(Edit):
       self._entry = _fx_mlir.LoweringRuleEntry(self.make_rule(prev.rule), prev.inline)
       table[self.prim] = self._entry
 
+  def _check_revert(self) -> None:
+    if self._entry is not None and self._table().get(self.prim, MISSING) is not self._entry:
+      raise replaced_error(f"the {self.name} rule of `{self.prim}`")
+
   def _revert(self) -> None:
     if self._entry is not None:
-      table = self._table()
-      if table.get(self.prim, MISSING) is not self._entry:
-        raise replaced_error(f"the {self.name} rule of `{self.prim}`")
-      table[self.prim] = self._prev
+      self._check_revert()
+      self._table()[self.prim] = self._prev
     self._prev, self._entry = MISSING, None
 
 

@@ -67,9 +67,12 @@ class TableEdit(Edit):
     self.prev = self.table.get(self.key, MISSING)
     self.table[self.key] = self.value
 
-  def _revert(self) -> None:
+  def _check_revert(self) -> None:
     if self.table.get(self.key, MISSING) is not self.value:
       raise replaced_error(f"{self.name}[{self.key!r}]")
+
+  def _revert(self) -> None:
+    self._check_revert()
     if self.prev is MISSING:
       del self.table[self.key]
     else:
@@ -156,11 +159,14 @@ class EagerResultHandlersEdit(Edit):
     self.prev, self.wrapper = prev, load
     _LOAD_OWNER.load = load
 
+  def _check_revert(self) -> None:
+    if self.wrapper is not None and _LOAD_OWNER.__dict__.get("load") is not self.wrapper:
+      raise replaced_error(self.name)
+
   def _revert(self) -> None:
     if self.wrapper is None:  # pragma: no cover
       return
-    if _LOAD_OWNER.__dict__.get("load") is not self.wrapper:
-      raise replaced_error(self.name)
+    self._check_revert()
     _LOAD_OWNER.load = self.prev
     self.prev = self.wrapper = None
 
@@ -317,8 +323,11 @@ class DevicePutEdit(Edit):
     self.wrapper = _batched_device_put_impl
     setattr(_fx_dispatch, _DP_IMPL_NAME, _batched_device_put_impl)
 
-  def _revert(self) -> None:
+  def _check_revert(self) -> None:
     if getattr(_fx_dispatch, _DP_IMPL_NAME) is not self.wrapper:
       raise replaced_error(self.name)
+
+  def _revert(self) -> None:
+    self._check_revert()
     setattr(_fx_dispatch, _DP_IMPL_NAME, self.prev)
     self.prev = self.wrapper = None

@@ -200,9 +200,12 @@ class RuntimeTokensEdit(Edit):
     self._old, self._new = old, new
     set_runtime_tokens(new)
 
-  def _revert(self) -> None:
+  def _check_revert(self) -> None:
     if get_runtime_tokens() is not self._new:
       raise replaced_error("`dispatch.runtime_tokens`")
+
+  def _revert(self) -> None:
+    self._check_revert()
     self._old.current_tokens = self._new.current_tokens
     self._old.output_runtime_tokens = self._new.output_runtime_tokens
     set_runtime_tokens(self._old)
