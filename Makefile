@@ -3,7 +3,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
+WHEEL_DIR := build/wheel-check
 
 # The second supported JAX (0.12.x) needs Python 3.12. Under pyenv `python3.12`
 # may be a shim that does not resolve, so ask pyenv for the interpreter too.
@@ -11,22 +13,43 @@ PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | hea
   "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p" || echo "$$p"; } && break; done)
 VENV312 ?= .venv312
 
-.PHONY: install demo test test-default test-jax012 lint bench notebooks chromium clean
+.PHONY: install demo test test-default test-jax012 wheel-check lint bench notebooks chromium clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The package alone (its run-time dependencies): all the demo needs.
+$(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(BASE_STAMP)
+
+# Every extra and the test tools.
+$(STAMP): $(BASE_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: install
+demo: $(BASE_STAMP)
 	$(BIN)/python examples/quickstart.py
+
+# The wheel a user installs: built from this tree (no tests inside), installed
+# with its extras into a new venv, and run outside the repository.
+wheel-check: install
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)/run
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir $(WHEEL_DIR)/dist .
+	$(BIN)/python -c 'import glob, zipfile; names = zipfile.ZipFile(glob.glob("$(WHEEL_DIR)/dist/*.whl")[0]).namelist(); \
+	  bad = [n for n in names if n.split("/")[0] in ("tests", "examples", "benchmarks", "docs")]; assert not bad, bad'
+	$(PYTHON) -m venv $(WHEEL_DIR)/venv
+	$(WHEEL_DIR)/venv/bin/python -m pip install --quiet \
+	  "$$(ls $(WHEEL_DIR)/dist/*.whl)[checkpoint,notebook,port]"
+	cp examples/quickstart.py $(WHEEL_DIR)/run/
+	cd $(WHEEL_DIR)/run && ../venv/bin/python -c \
+	  'import jax_sharding_ext as m, sys; assert "/venv/" in m.__file__, m.__file__; print("installed at", m.__file__)'
+	cd $(WHEEL_DIR)/run && ../venv/bin/python quickstart.py >/dev/null && echo "wheel-check: quickstart ran from the installed wheel"
 
 # The README's test command and CI: lint, then the suite on both supported
 # JAX releases (Python 3.11 + JAX 0.10.2, Python 3.12 + JAX 0.12.x).
-test: test-default test-jax012
+test: test-default test-jax012 wheel-check
 
 test-default: install chromium
 	$(BIN)/python -m ruff check .
