@@ -3,31 +3,30 @@
 `import jax_sharding_ext` calls `install()`. Installing is idempotent (a second
 call changes nothing) and reversible: each edit (`_edit.Edit`) remembers the
 entry it replaced, and `uninstall()` puts back exactly the prior contents, in
-reverse order. Two things JAX cannot undo stay after `uninstall()`, inert: the
-config options this package defines (no handler reads them any more), and
-the registrations in JAX's C++ canonicalisation and dispatch registries (their
-handlers read `STATE` and act as stock JAX does for an unknown type).
+reverse order. Things JAX cannot undo stay after `uninstall()`, inert: the
+config options this package defines (no handler reads them any more), the
+registrations in JAX's C++ canonicalisation and dispatch registries (their
+handlers read `STATE` and act as stock JAX does for an unknown type), and the
+shared lock that JAX's lowering and effectful execution take (`_jax/readers.py`).
 
 Nothing here touches a device: installing never initialises a backend, so
 `jax.distributed.initialize()` can still be called after the import.
 
 Both are safe while other threads use JAX. One lowering reads several of the
 tables at different times, so a swap must never land in the middle of one:
-`install()` / `uninstall()` first wait until no other thread is lowering a
-computation or running one with ordered effects (`_jax.frames`), then swap
-every table without letting another thread run Python in between. A call
-therefore runs either fully installed or fully uninstalled (where a GDA or a
-multi-device ordered effect gets stock JAX's error, or the package's
-"uninstalled" one), never against half-swapped tables. A swap that finds
-another thread lowering for more than `_SWAP_WAIT_S` seconds raises
-`RuntimeError` and changes nothing.
+lowerings and executions with effects hold the shared side of
+`jax_readers.LOCK`, and a swap holds its exclusive side, so it waits for
+those in flight and new ones wait for it. A call therefore runs either fully
+installed or fully uninstalled (where a GDA or a multi-device ordered effect
+gets stock JAX's error, or the package's "uninstalled" one), never against
+half-swapped tables. A swap that waits more than `_SWAP_WAIT_S` seconds
+raises `RuntimeError` and changes nothing; so does one called from inside a
+lowering or a host callback (it would wait for itself).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-import time
 
 import jax
 
@@ -35,6 +34,7 @@ from jax_sharding_ext._dispatch import handlers, output
 from jax_sharding_ext._edit import STATE
 from jax_sharding_ext._effects import barrier, lowering, user_effects
 from jax_sharding_ext._jax import frames as jax_frames
+from jax_sharding_ext._jax import readers as jax_readers
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._notebook import cell_hook
 
@@ -107,35 +107,30 @@ def _drop_cached_executables() -> None:
 
 
 _SWAP_WAIT_S = 60.0
-_NO_SWITCH_S = 10.0  # the interpreter's thread switch interval during a swap
 
 
 class _no_other_thread_reading_tables:
-  """Wait until no other thread lowers or runs an ordered-effect call, then
-  keep every other thread from running Python until the block ends.
-
-  Other threads run Python only when this one blocks or its switch interval
-  expires; the swap inside is pure Python that does neither.
-  """
+  """Hold the exclusive side of the lock JAX's table readers share."""
 
   def __init__(self, what: str):
     self.what = what
 
   def __enter__(self) -> None:
-    self.interval = sys.getswitchinterval()
-    deadline = time.monotonic() + _SWAP_WAIT_S
-    while True:
-      sys.setswitchinterval(_NO_SWITCH_S)
-      busy = jax_frames.other_threads_reading_tables()
-      if not busy:
-        return
-      sys.setswitchinterval(self.interval)
-      if time.monotonic() > deadline:
-        raise RuntimeError(
-            f"jax_sharding_ext.{self.what} waited {_SWAP_WAIT_S:.0f} s for other "
-            f"threads ({busy}) to finish lowering or running JAX computations, "
-            "and changed nothing. Call it when no other thread is compiling.")
-      time.sleep(0.001)
+    _READERS.apply()  # before the first swap: from then on readers take the lock
+    if jax_readers.LOCK.holds_shared() or jax_frames.in_host_callback():
+      raise RuntimeError(
+          f"jax_sharding_ext.{self.what} was called from inside a JAX lowering or a "
+          "host callback, which the swap would have to wait for; nothing was "
+          "changed. Call it outside JAX computations.")
+    if not jax_readers.LOCK.acquire_exclusive(_SWAP_WAIT_S):
+      raise RuntimeError(
+          f"jax_sharding_ext.{self.what} waited {_SWAP_WAIT_S:.0f} s for "
+          f"{jax_readers.LOCK.busy()} lowering(s) or computation(s) with effects on "
+          "other threads to finish, and changed nothing. Call it when no other "
+          "thread is compiling.")
 
   def __exit__(self, *exc) -> None:
-    sys.setswitchinterval(self.interval)
+    jax_readers.LOCK.release_exclusive()
+
+
+_READERS = jax_readers.ReadersLockEdit()

@@ -33,7 +33,7 @@ FRAGILE = [
      "pxla.MeshExecutable.call (AOT executables refuse a GDA of another sharding)"),
     ("frames", "HAS_CACHE_MISS_FRAME",
      "jax._src.pjit._cpp_pjit's `cache_miss` (which jit the output flag applies to)"),
-    ("frames", "HAS_TABLE_READER_FRAMES",
+    ("readers", "HAS_READERS",
      "pxla.lower_sharding_computation and pxla.ExecuteReplicated.__call__ (install() / "
      "uninstall() wait for other threads' lowerings)"),
     ("donation", "HAS_CALL_DONATION_INFO",

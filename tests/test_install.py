@@ -149,3 +149,22 @@ def test_toggling_while_another_thread_lowers_ordered_effects():
   summary = json.loads(res.stdout.splitlines()[-1])
   assert summary["bad"] == [], summary
   assert summary["ok"] > 0 and summary["toggles"] > 0, summary  # both states were really seen
+
+
+def test_uninstall_inside_a_host_callback_is_refused_at_once(mesh_2d, fresh_registry):
+  """A swap waits for the computations in flight; from inside one (a host
+  callback) it would wait for itself: refused at once, nothing changed."""
+  seen = []
+
+  def callback(v):
+    try:
+      jax_sharding_ext.uninstall()
+    except RuntimeError as e:
+      seen.append(str(e))
+
+  x = jax.device_put(np.arange(8.0), jax.sharding.NamedSharding(mesh_2d, P("x")))
+  jax.jit(lambda v: jax.debug.callback(callback, v.sum(), ordered=True) or v)(x)
+  jax_sharding_ext.effects_barrier()
+  assert len(seen) == 1 and "inside a JAX lowering or a host callback" in seen[0], seen
+  assert jax_sharding_ext.is_installed()
+

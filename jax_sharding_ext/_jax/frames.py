@@ -31,10 +31,8 @@ from __future__ import annotations
 # If a JAX release renames these, the `HAS_*` flags below turn False and
 # `tests/test_compat.py` names the function that moved.
 # ---------------------------------------------------------------------------
-import inspect
 import os
 import sys
-import threading
 import types
 from typing import Any, NamedTuple
 
@@ -197,33 +195,6 @@ HAS_AOT_CALL_FRAME = bool(_AOT_CALL_CODES)
 def in_aot_call(max_depth: int = 16) -> bool:
   """True when called (from a shard-arg handler) inside an AOT executable call."""
   return find_frame(_AOT_CALL_CODES, sys._getframe(1), max_depth) is not None
-
-
-# --- lowering on other threads ------------------------------------------------
-# `install()` / `uninstall()` swap several tables (effect-type sets, lowering
-# rules, the runtime token set) that one lowering reads at different times:
-# `pxla.lower_sharding_computation` checks that ordered effects are shardable,
-# then runs the lowering rules; run against half-swapped tables it emits HLO
-# that XLA refuses with an INTERNAL error. Lowerings (every `jax.jit`, `pjit`,
-# `shard_map` and AOT `lower`) and executions of ordered effects
-# (`ExecuteReplicated.__call__` passes the runtime tokens) are in flight
-# while their frames are on some thread's stack.
-# ---------------------------------------------------------------------------
-
-_TABLE_READER_CODES = frozenset(c for c in (
-    # under its profiler wrapper, whose code all wrapped functions share
-    getattr(inspect.unwrap(getattr(_pxla, "lower_sharding_computation", None)), "__code__", None),
-    code_of(getattr(_pxla, "ExecuteReplicated", None), "__call__"),
-) if c is not None)
-
-HAS_TABLE_READER_FRAMES = len(_TABLE_READER_CODES) == 2
-
-
-def other_threads_reading_tables() -> list[int]:
-  """Ids of the other threads now lowering or running an ordered-effect call."""
-  me = threading.get_ident()
-  return [tid for tid, frame in sys._current_frames().items()
-          if tid != me and find_frame(_TABLE_READER_CODES, frame) is not None]
 
 
 # --- the user's call site -------------------------------------------------------

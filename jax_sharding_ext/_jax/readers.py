@@ -1,0 +1,154 @@
+"""JAX's readers of the tables this package edits, made to take a shared lock,
+so that `install()` / `uninstall()` swap the tables under the exclusive side
+of it (`swapping`) without stopping other threads.
+
+Touches: `pxla.lower_sharding_computation` (every `jax.jit`, `pjit`,
+`shard_map` and AOT lowering; called through the module attribute, by
+`pjit._resolve_and_lower`) and `pxla.ExecuteReplicated.__call__`. Checked
+against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+
+What breaks first when JAX changes: either name. `HAS_READERS` then turns
+False, the edit wraps what it finds, and `tests/test_compat.py` names the
+function that moved.
+
+One lowering reads several of the edited tables at different times: it first
+checks which ordered effects may be sharded (the effect-type sets), then runs
+the lowering rules; run against half-swapped tables it emits HLO that XLA
+refuses with an INTERNAL error. An execution with effects takes its input
+tokens from `dispatch.runtime_tokens` and hands back its output tokens later.
+Both take the shared side of `LOCK` for their duration; a swap takes the
+exclusive side, so it waits for the lowerings and executions in flight, and
+new ones wait for it (a swap is a few hundred microseconds).
+
+The wrappers are put in place by the first `install()` and stay after
+`uninstall()`: a lowering that started while the package was uninstalled
+must be waited for by the next `install()`, so it must have taken the lock.
+Uninstalled, they only take and release the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from jax._src.interpreters import pxla as _pxla
+
+from jax_sharding_ext._edit import Edit
+
+
+class SharedExclusiveLock:
+  """Many holders of the shared side, or one of the exclusive side.
+
+  A thread that holds the shared side may take it again (a lowering that
+  lowers another computation). A waiting exclusive taker holds new shared
+  takers back, so that a stream of lowerings cannot starve a swap.
+  """
+
+  def __init__(self):
+    self._cond = threading.Condition(threading.Lock())
+    self._shared = 0
+    self._exclusive = False
+    self._waiting = 0
+    self._mine = threading.local()
+
+  def acquire_shared(self) -> None:
+    depth = getattr(self._mine, "depth", 0)
+    with self._cond:
+      if depth == 0:
+        while self._exclusive or self._waiting:
+          self._cond.wait()
+      self._shared += 1
+    self._mine.depth = depth + 1
+
+  def release_shared(self) -> None:
+    self._mine.depth -= 1
+    with self._cond:
+      self._shared -= 1
+      if self._shared == 0:
+        self._cond.notify_all()
+
+  def holds_shared(self) -> bool:
+    return getattr(self._mine, "depth", 0) > 0
+
+  def acquire_exclusive(self, timeout: float) -> bool:
+    """Take the exclusive side; False (nothing taken) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    with self._cond:
+      self._waiting += 1
+      try:
+        while self._exclusive or self._shared:
+          left = deadline - time.monotonic()
+          if left <= 0 or not self._cond.wait(left):
+            if self._exclusive or self._shared:
+              return False
+        self._exclusive = True
+        return True
+      finally:
+        self._waiting -= 1
+        self._cond.notify_all()
+
+  def release_exclusive(self) -> None:
+    with self._cond:
+      self._exclusive = False
+      self._cond.notify_all()
+
+  def busy(self) -> int:
+    """How many shared holders there are now."""
+    with self._cond:
+      return self._shared
+
+
+LOCK = SharedExclusiveLock()
+
+_ExecuteReplicated = getattr(_pxla, "ExecuteReplicated", None)
+HAS_READERS = (callable(getattr(_pxla, "lower_sharding_computation", None))
+               and _ExecuteReplicated is not None and "__call__" in vars(_ExecuteReplicated))
+
+
+def _shared(fn: Any) -> Any:
+  def wrapper(*args, **kwargs):
+    LOCK.acquire_shared()
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      LOCK.release_shared()
+  wrapper.__wrapped__ = fn
+  wrapper.__name__ = getattr(fn, "__name__", "wrapper")
+  wrapper.__doc__ = getattr(fn, "__doc__", None)
+  return wrapper
+
+
+def _shared_if_effects(call: Any) -> Any:
+  def __call__(self, *args):
+    # Executions without effects read no edited table: no lock.
+    if not (self.ordered_effects or self.has_unordered_effects or self.has_host_callbacks):
+      return call(self, *args)
+    LOCK.acquire_shared()
+    try:
+      return call(self, *args)
+    finally:
+      LOCK.release_shared()
+  __call__.__wrapped__ = call
+  return __call__
+
+
+class ReadersLockEdit(Edit):
+  """Make JAX's lowering and effectful execution take `LOCK`'s shared side.
+
+  Applied by the first `install()`; never taken back (see the module
+  docstring), so `revert()` changes nothing.
+  """
+
+  name = "pxla readers of the edited tables"
+  _wrapped = False
+
+  def _apply(self) -> None:
+    if ReadersLockEdit._wrapped or not HAS_READERS:
+      return
+    _pxla.lower_sharding_computation = _shared(_pxla.lower_sharding_computation)
+    _ExecuteReplicated.__call__ = _shared_if_effects(_ExecuteReplicated.__call__)
+    ReadersLockEdit._wrapped = True
+
+  def _revert(self) -> None:
+    pass
