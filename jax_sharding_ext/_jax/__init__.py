@@ -19,8 +19,8 @@ first when JAX changes):
 - `tokens`: the runtime tokens that order effects across calls, and the
   tracked token set installed in their place.
 - `frames`: the questions JAX answers only in its own Python frames (inside a
-  host callback? tracing a pmap body? an AOT call? which jit is compiling?
-  is another thread lowering?), and the user's call site.
+  host callback? tracing a pmap body? an AOT call? which jit is compiling?),
+  and the user's call site and its text.
 - `donation`: the donation vector of the running call and the mesh of
   `with mesh:`.
 - `dispatch`: jit's C++ dispatch pytree registry, and the node data (read
@@ -29,6 +29,8 @@ first when JAX changes):
   jaxlib's per-shard cache built under one lock, buffer addresses.
 - `private_names`: names in `jax._src` that GDA-era code imported (data for
   the porting assistant).
+- `readers`: JAX's lowering and effectful execution, made to take the shared
+  side of the lock `install()` / `uninstall()` swap the tables under.
 - `checkpoint`: private names of `jax.experimental.array_serialization`
   (imported only by `serialization` and `_checkpoint/`: tensorstore is optional).
 - `tracebacks`: JAX's traceback filtering (API boundaries, excluded paths).
