@@ -20,15 +20,29 @@ every variant are interleaved (`_common.interleaved`); medians are reported
 as throughput (GB/s, 1e9 bytes per second; ratio > 1 is faster than stock).
 
 What the wrapper adds per call: the input checks, the commit marker (one
-small key written before the save and deleted after it) and, on restore, one
-extra metadata open and one marker read. Target: >= 0.95x stock's throughput
-on the same metadata, for saves and restores.
+small key written before the save and deleted after it), the chunk record
+(one small key per array, after the writes; for zstd the crc32 of every chunk
+written, read back from the page cache) and, on restore, one extra metadata
+open, one marker read and the chunk check (the record read, each chunk read
+by this process stat-ed, and for zstd its bytes checked against the recorded
+crc32, concurrently with the read, unless its file is unchanged since it
+was last checked). Target: >= 0.95x stock's throughput on the same
+metadata, for saves and restores.
+
+Restores run twice over: from unchanged files (tensorstore serves them from
+its chunk cache, and the package checks no chunk twice), and after the files
+changed (every chunk file's time stamps are moved after each sample, so
+tensorstore reads every chunk again and the package checks every chunk
+again). The second also restores a copy of the package's checkpoint without
+its chunk record, which the package restores unchecked, as stock's: the
+ratio of the two is the cost of the check (target: at most 5%).
 
 Run: `.venv/bin/python benchmarks/bench_checkpoint.py [--reps 7] [--mib 256] [--dir D]`
 """
 
 import argparse
 import itertools
+import os
 import shutil
 import tempfile
 
@@ -47,7 +61,9 @@ OURS_SAVE_Z = "serialization, metadata='stock' (GDA)"
 STOCK_SAVE_Z = "stock, its own zstd metadata"
 OURS_LOAD, STOCK_LOAD = "serialization.run_deserialization (GDA)", "stock run_deserialization"
 OURS = {OURS_SAVE, OURS_SAVE_Z, OURS_LOAD}
+OURS_UNCHECKED = "serialization, chunk record removed (unchecked)"
 GZIP, ZSTD = "GDA-era metadata (gzip, the default)", "stock metadata (zstd)"
+RECORD = "jax_sharding_ext.chunks.0"
 
 
 def run(reps: int = 7, mib: int = 256, directory: str | None = None) -> list[dict]:
@@ -80,19 +96,38 @@ def run(reps: int = 7, mib: int = 256, directory: str | None = None) -> list[dic
     return p
 
   written = {GZIP: save_ours(), ZSTD: save_stock(gda_metadata=False)}
+  # The package's checkpoints (with chunk records), and copies without a record.
+  checked = {GZIP: written[GZIP], ZSTD: save_ours(metadata="stock")}
+  unchecked = {kind: path() for kind in checked}
+  for kind in checked:
+    shutil.copytree(checked[kind], unchecked[kind])
+    os.remove(os.path.join(unchecked[kind], RECORD))
   sharding = NamedSharding(mesh, spec)
 
-  def load_ours(kind):
+  def load_ours(kind, where=written):
     return serialization.run_deserialization(
-        [sharding], [serialization.get_tensorstore_spec(written[kind])])[0].block_until_ready()
+        [sharding], [serialization.get_tensorstore_spec(where[kind])])[0].block_until_ready()
 
-  def load_stock(kind):
+  def load_stock(kind, where=written):
     return stock.run_deserialization(
-        [sharding], [stock.get_tensorstore_spec(written[kind])])[0].block_until_ready()
+        [sharding], [stock.get_tensorstore_spec(where[kind])])[0].block_until_ready()
+
+  stamp = itertools.count(1)
+
+  def files_changed(out) -> None:
+    """Free `out`, then move every chunk file's time stamps: tensorstore and
+    the package then read and check every chunk again."""
+    out.delete()
+    t = 10**9 * (1_600_000_000 + next(stamp))
+    for where in (checked, unchecked):
+      for d in where.values():
+        for name in os.listdir(d):
+          os.utime(os.path.join(d, name), ns=(t, t))
 
   # The same bytes come back every way.
   for kind in written:
-    for out in (load_ours(kind), load_stock(kind)):
+    for out in (load_ours(kind), load_stock(kind), load_ours(kind, checked),
+                load_ours(kind, unchecked)):
       np.testing.assert_array_equal(np.asarray(out), host)
       out.delete()
 
@@ -108,9 +143,32 @@ def run(reps: int = 7, mib: int = 256, directory: str | None = None) -> list[dic
         f"{kind}|{name}": (lambda f=f, kind=kind: f(kind))
         for kind in (GZIP, ZSTD) for name, f in ((OURS_LOAD, load_ours), (STOCK_LOAD, load_stock))
     }, n=reps, warmup=1, teardown=lambda x: x.delete())
+    fresh = _common.interleaved({
+        f"{kind}|{name}": (lambda f=f, kind=kind, where=where: f(kind, where))
+        for kind in (GZIP, ZSTD)
+        for name, f, where in ((OURS_LOAD, load_ours, checked),
+                               (OURS_UNCHECKED, load_ours, unchecked),
+                               (STOCK_LOAD, load_stock, checked))
+    }, n=reps, warmup=1, teardown=files_changed)
   finally:
     shutil.rmtree(root, ignore_errors=True)
-  return _report(host.nbytes, saves, loads)
+  return _report(host.nbytes, saves, loads) + _report_check(host.nbytes, fresh)
+
+
+def _report_check(nbytes: int, medians: dict) -> list[dict]:
+  """Restores after the files changed: the package (checked, unchecked) and stock."""
+  size = f"{nbytes / 2 ** 20:.0f} MiB float32 over 8 devices"
+  rows = []
+  for kind in (GZIP, ZSTD):
+    got = {k.split("|", 1)[1]: nbytes / v for k, v in medians.items()
+           if k.startswith(f"{kind}|")}
+    rows += _common.report(f"checkpoint restore after the files changed, {size}, {kind}", got,
+                           STOCK_LOAD, unit=1e9, unit_name="GB/s")
+    cost = got[OURS_UNCHECKED] / got[OURS_LOAD] - 1
+    print(f"  restore after the files changed, {kind}: GDA / stock throughput "
+          f"{got[OURS_LOAD] / got[STOCK_LOAD]:.3f}x; cost of the chunk check (checked vs "
+          f"unchecked time) {100 * cost:+.1f}% (target <= 5%: {'ok' if cost <= 0.05 else 'MISSED'})")
+  return rows
 
 
 def _report(nbytes: int, saves: dict, loads: dict) -> list[dict]:

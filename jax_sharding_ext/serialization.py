@@ -89,6 +89,7 @@ from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, canonical_shape, layout
 from jax_sharding_ext._checkpoint import args as _args
 from jax_sharding_ext._checkpoint import checks as _checks
+from jax_sharding_ext._checkpoint import integrity as _integrity
 from jax_sharding_ext._checkpoint import markers as _markers
 from jax_sharding_ext._checkpoint import metadata as _metadata
 from jax_sharding_ext._checkpoint import reading as _reading
@@ -172,7 +173,16 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   fn = "async_serialize"
   choice = _metadata.checked_metadata_choice(fn, metadata)
   (arr,), (spec,) = _checks.checked_arrays(fn, [arr_inp], [tensorstore_spec], choice)
-  return await _stock.async_serialize(arr, spec, commit_future=commit_future)
+  await _integrity.forget_records([spec])
+  if commit_future is None:
+    regions = _integrity.written_regions(arr)
+    out = await _stock.async_serialize(arr, spec)
+    await _integrity.write_records([regions], [spec])
+    return out
+  first = len(commit_future)
+  out = await _stock.async_serialize(arr, spec, commit_future=commit_future)
+  commit_future.append(_saving.RecordsAfter(commit_future[first:], [arr], [spec]))
+  return out
 
 
 @jax_tracebacks.api_boundary
@@ -279,7 +289,8 @@ class GlobalAsyncCheckpointManagerBase(metaclass=abc.ABCMeta):
 AsyncManager = _stock.AsyncManager
 
 
-class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
+class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
+                                   _stock.GlobalAsyncCheckpointManager,
                                    GlobalAsyncCheckpointManagerBase):
   """Checkpoints GDAs (and `jax.Array`s) asynchronously through TensorStore.
 
@@ -337,8 +348,13 @@ class GlobalAsyncCheckpointManager(_stock.GlobalAsyncCheckpointManager,
       def commit():  # process 0, after every process has committed its writes
         _running.run(lambda: _markers.set_markers(specs, False))
         on_commit_callback()
-      _running.call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
-          arrs, specs, on_commit_callback=commit))
+      # Each process records its chunks once its writes are committed.
+      self._jse_extra_commit = lambda futures: _saving.RecordsAfter(futures, arrs, specs)
+      try:
+        _running.call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
+            arrs, specs, on_commit_callback=commit))
+      finally:
+        self._jse_extra_commit = None
     except BaseException:
       _markers.release_paths(held, self)
       raise

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._array.shard_math import canonical_shape, layout
 from jax_sharding_ext._checkpoint import args as _args
-from jax_sharding_ext._checkpoint import checks, locations, markers, running
+from jax_sharding_ext._checkpoint import checks, integrity, locations, markers, running
 from jax_sharding_ext._jax import checkpoint as jax_checkpoint
 
 
@@ -37,11 +37,34 @@ async def read(spec: Any, global_shape: Any, dtype: Any, byte_limiter: Any,
     if isinstance(target, NamedSharding):
       mesh_axes = target.spec
       layout(shape, target.mesh, mesh_axes)  # the checks and messages of the mesh form
-  arr = await _stock.async_deserialize(sharding, spec, tuple(shape), dtype,
-                                       byte_limiter=byte_limiter)
+  # The chunks are checked while they are read; a failed check discards the read.
+  before = asyncio.all_tasks()
+  arr, checked = await asyncio.gather(
+      _stock.async_deserialize(sharding, spec, tuple(shape), dtype, byte_limiter=byte_limiter),
+      integrity.check_read(spec, t, sharding, shape, at), return_exceptions=True)
+  if isinstance(checked, BaseException) or isinstance(arr, BaseException):
+    # Stock's other reads of this array may still run (its `gather` raised the
+    # first error): let them finish, not complete into a closed event loop.
+    await asyncio.gather(*(asyncio.all_tasks() - before), return_exceptions=True)
+  if isinstance(checked, BaseException):
+    if isinstance(arr, jax.Array):
+      arr.delete()
+    raise checked
+  if isinstance(arr, BaseException):
+    raise _read_error(arr, at, spec) from None
   if not isinstance(sharding, NamedSharding):
     return arr
   return GlobalDeviceArray._wrap(arr, mesh_axes)
+
+
+def _read_error(e: BaseException, at: str, spec: Any) -> BaseException:
+  """A tensorstore read error that means damaged data, said so; others as raised."""
+  reason = locations.reason(e)
+  if isinstance(e, ValueError) and (reason.startswith("DATA_LOSS") or (
+      reason.startswith("FAILED_PRECONDITION") and "Error reading" in reason)):
+    return ValueError(f"{at}: the checkpoint at '{locations.spec_path(spec)}' is damaged: "
+                      f"{reason}. Restore an earlier checkpoint.")
+  return e
 
 
 async def read_one(kind: str, a: dict) -> jax.Array:

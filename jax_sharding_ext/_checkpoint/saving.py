@@ -1,14 +1,18 @@
 """How a save runs: check the targets, mark them uncommitted, write every
-array with stock `array_serialization`, and commit."""
+array with stock `array_serialization`, record the chunks written
+(`integrity`), and commit."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
+from typing import Any
 
+import jax
 from jax.experimental.array_serialization import serialization as _stock
 
-from jax_sharding_ext._checkpoint import checks, markers
+from jax_sharding_ext._checkpoint import checks, integrity, markers, running
 
 
 async def prepare(fn: str, specs: Sequence[dict], choice: str) -> list:
@@ -17,14 +21,52 @@ async def prepare(fn: str, specs: Sequence[dict], choice: str) -> list:
   stores, _ = await asyncio.gather(markers.marker_stores(specs),
                                    checks.check_targets(fn, specs, choice))
   await markers.mark(stores, True)
+  await integrity.forget_records(specs)
   return stores
 
 
-async def save(fn: str, arrs: Sequence, specs: Sequence[dict], choice: str, *,
+async def save(fn: str, arrs: Sequence[jax.Array], specs: Sequence[dict], choice: str, *,
                commit: bool) -> None:
   """`prepare`, write every array (stock's `run_serialization`, as a
-  coroutine), then, with `commit`, mark the targets committed."""
+  coroutine) and record its chunks, then, with `commit`, mark the targets
+  committed."""
   stores = await prepare(fn, specs, choice)
+  regions = [integrity.written_regions(a) for a in arrs]
   await asyncio.gather(*(_stock.async_serialize(a, s) for a, s in zip(arrs, specs, strict=True)))
+  await integrity.write_records(regions, specs)
   if commit:
     await markers.mark(stores, False)
+
+
+class RecordsAfter:
+  """A commit future that first waits for `futures` (the commit futures of
+  the writes of `arrs`), then records their chunks (`integrity`): `result()`
+  blocks, `await` waits; the records are written once. The arrays may be
+  donated meanwhile (their regions are taken now)."""
+
+  def __init__(self, futures: Sequence[Any], arrs: Sequence[jax.Array], specs: Sequence[dict]):
+    self._futures, self._specs = list(futures), list(specs)
+    self._regions = [integrity.written_regions(a) for a in arrs]
+    self._lock = threading.Lock()
+    self._done = False
+
+  def result(self, timeout: float | None = None) -> None:
+    with self._lock:
+      if not self._done:
+        for f in self._futures:
+          f.result()
+        running.run(lambda: integrity.write_records(self._regions, self._specs))
+        self._done = True
+
+  def done(self) -> bool:
+    return self._done
+
+  def __await__(self):
+    return self._wait().__await__()
+
+  async def _wait(self) -> None:
+    for f in self._futures:
+      await f
+    if not self._done:
+      await integrity.write_records(self._regions, self._specs)
+      self._done = True

@@ -3,8 +3,9 @@ GDA-era checkpoint format needs.
 
 Touches: `serialization._CHECKPOINT_SUCCESS`, `serialization._LimitInFlightBytes`,
 `tensorstore_impl._spec_has_metadata`, `tensorstore_impl._get_tensorstore_metadata`,
-`tensorstore_impl._TS_CHUNK_LAYOUT`. Checked against JAX 0.10.2 (Python 3.11)
-and 0.12.0.1 (Python 3.12). Imported only by `jax_sharding_ext.serialization`
+`tensorstore_impl._TS_CHUNK_LAYOUT`, and overrides `AsyncManager._add_futures`
+(`ExtraCommitFutures`). Checked against JAX 0.10.2 (Python 3.11) and
+0.12.0.1 (Python 3.12). Imported only by `jax_sharding_ext.serialization`
 and its `_checkpoint/` helpers (tensorstore is an optional extra).
 
 What breaks first when JAX changes: one of these names moving; the import of
@@ -30,8 +31,30 @@ try:
   """Stock's zarr metadata for an array (`(arr, driver=...)`)."""
   TS_CHUNK_LAYOUT = _ts_impl._TS_CHUNK_LAYOUT
   """Stock's chunk layout for tensorstore writes."""
+  _stock.AsyncManager._add_futures  # noqa: B018  (overridden below; must exist)
 except AttributeError as e:  # pragma: no cover - only on an unsupported JAX
   raise UnsupportedJaxVersionError(
       f"jax_sharding_ext.serialization could not find {e.name!r} in "
       f"jax.experimental.array_serialization of jax {jax.__version__}. This JAX "
       "release moved it; please report the version.") from e
+
+
+class ExtraCommitFutures:
+  """Mixin for stock's `GlobalAsyncCheckpointManager`: one more step in the
+  background commit of each process, after its writes are committed and
+  before the processes' barrier (after which process 0 runs the
+  `on_commit_callback`).
+
+  Stock's `serialize` hands the writes' commit futures to
+  `AsyncManager._add_futures`; its background thread (`_thread_func`) calls
+  `result()` on each, in order, then waits at the barrier. A manager that
+  sets `_jse_extra_commit` (a function of those futures returning one more
+  object with `result()`) gets that object appended to the list. No public
+  hook exists for this.
+  """
+
+  _jse_extra_commit = None
+
+  def _add_futures(self, futures):
+    extra = self._jse_extra_commit
+    super()._add_futures(list(futures) + ([] if extra is None else [extra(futures)]))

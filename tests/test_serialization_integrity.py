@@ -1,0 +1,299 @@
+"""A checkpoint `jax_sharding_ext.serialization` writes restores exactly or
+raises: a missing chunk, or one flipped byte in a chunk, is an error with the
+GDA-era metadata (gzip) and with `metadata="stock"` (zstd) alike, while
+all-zero and partly-zero arrays round-trip and checkpoints of other writers
+(stock `array_serialization`, GDA-era files that leave out chunks equal to the
+fill value) restore as before.
+
+Stock `array_serialization` reads a missing chunk as zeros and a zstd chunk
+with a flipped byte as whatever it decodes to; the tests show that on the same
+damage, side by side.
+"""
+
+import asyncio
+import json
+import os
+import shutil
+import zlib
+
+import numpy as np
+import pytest
+import tensorstore as ts
+from jax.experimental.array_serialization import serialization as stock
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_sharding_ext import GlobalDeviceArray, serialization
+
+RECORD = "jax_sharding_ext.chunks.0"
+FORMATS = ["gda_serialization", "stock"]
+
+
+def _gda(mesh, spec=None, shape=(8, 4), data=None):
+  spec = P("x", "y") if spec is None else spec
+  if data is None:
+    data = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) * 1.5 + 1
+  return GlobalDeviceArray.from_callback(shape, mesh, spec, lambda i: data[i]), data
+
+
+def _spec(path):
+  return serialization.get_tensorstore_spec(str(path))
+
+
+def _save_run(arr, path, **kw):
+  serialization.run_serialization([arr], [_spec(path)], **kw)
+
+
+def _save_manager(arr, path, **kw):
+  manager = serialization.GlobalAsyncCheckpointManager()
+  manager.serialize([arr], [_spec(path)], on_commit_callback=lambda: None, **kw)
+  manager.wait_until_finished()
+
+
+def _save_async(arr, path, **kw):
+  async def go():
+    futures = []
+    await serialization.async_serialize(arr, _spec(path), futures, **kw)
+    for f in futures:  # as GDA-era callers waited for the commit futures
+      f.result()
+  asyncio.run(go())
+
+
+SAVES = {"run_serialization": _save_run, "manager.serialize": _save_manager,
+         "async_serialize": _save_async}
+
+
+def _restore(mesh, path):
+  return np.asarray(serialization.run_deserialization([mesh], [P("x")], [_spec(path)])[0])
+
+
+def _restore_stock(mesh, path):
+  """Stock's `async_deserialize` (what its `run_deserialization` runs); the
+  loop waits for stock's other reads when one fails, as its own would not."""
+  async def go():
+    try:
+      return await stock.async_deserialize(NamedSharding(mesh, P("x")), _spec(path))
+    finally:
+      await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}),
+                           return_exceptions=True)
+  return np.asarray(asyncio.run(go()))
+
+
+def _flip(path, at):
+  data = bytearray(path.read_bytes())
+  data[at] ^= 0x10
+  path.write_bytes(bytes(data))
+
+
+# -- a missing chunk ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("save", list(SAVES))
+@pytest.mark.parametrize("metadata", FORMATS)
+def test_a_missing_chunk_is_an_error(mesh_2d, tmp_path, metadata, save):
+  """Every chunk is written, so a missing one is a lost one: each restore
+  path raises, naming the chunk. Stock restores the same checkpoint with
+  that shard as zeros."""
+  gda, data = _gda(mesh_2d)
+  SAVES[save](gda, tmp_path / "w", metadata=metadata)
+  np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "w"), data)
+  (tmp_path / "w" / "2.1").unlink()
+  damaged = r"is damaged: its chunk '2.1' is missing"
+  with pytest.raises(ValueError, match=damaged):
+    _restore(mesh_2d, tmp_path / "w")
+  with pytest.raises(ValueError, match=damaged):
+    asyncio.run(serialization.async_deserialize(mesh_2d, P(), _spec(tmp_path / "w")))
+  with pytest.raises(ValueError, match=damaged):
+    serialization.GlobalAsyncCheckpointManager().deserialize(
+        [NamedSharding(mesh_2d, P("y"))], [_spec(tmp_path / "w")])
+  silently = _restore_stock(mesh_2d, tmp_path / "w")
+  assert (silently[4:6, 2:4] == 0).all() and (data[4:6, 2:4] != 0).all()
+
+
+def test_only_the_chunks_a_restore_reads_are_checked(mesh_factory, tmp_path):
+  """A process checks the chunks its devices read (here: one device reads
+  rows 0-1), so a lost chunk elsewhere does not stop it."""
+  mesh = mesh_factory((4, 2), ("x", "y"))
+  gda, data = _gda(mesh)
+  _save_run(gda, tmp_path / "w", metadata="stock")
+  (tmp_path / "w" / "3.1").unlink()
+  one = mesh_factory((1,), ("x",))
+  np.testing.assert_array_equal(
+      np.asarray(serialization.run_deserialization([one], [P()], [_spec(tmp_path / "w")],
+                                                   [(2, 4)])[0]), data[:2])
+  with pytest.raises(ValueError, match="its chunk '3.1' is missing"):
+    _restore(mesh, tmp_path / "w")
+
+
+# -- a flipped byte ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metadata", FORMATS)
+def test_a_flipped_byte_anywhere_in_a_chunk_restores_exactly_or_raises(
+    mesh_2d, tmp_path, metadata):
+  """Each byte of one chunk flipped in turn: the restore gives the saved
+  values or raises a ValueError saying the checkpoint is damaged, never other
+  values. With zstd (no checksum of its own) every flip raises, by the crc32
+  the package recorded; with gzip, flips in the gzip header's time stamp and
+  flags that change no data restore exactly, all others fail gzip's CRC.
+  Stock restores some of the same zstd flips as other values."""
+  gda, data = _gda(mesh_2d)
+  _save_run(gda, tmp_path / "w", metadata=metadata)
+  chunk = tmp_path / "w" / "1.0"
+  original = chunk.read_bytes()
+  exact, wrong, errors, stock_wrong = [], [], [], []
+  for at in range(len(original)):
+    _flip(chunk, at)
+    try:
+      got = _restore(mesh_2d, tmp_path / "w")
+    except ValueError as e:
+      errors.append(str(e))
+      if metadata == "stock":
+        try:
+          if not np.array_equal(_restore_stock(mesh_2d, tmp_path / "w"), data):
+            stock_wrong.append(at)
+        except ValueError:  # stock's zstd decoder refuses some flips (e.g. in the header)
+          pass
+    else:
+      (exact if np.array_equal(got, data) else wrong).append(at)
+    chunk.write_bytes(original)
+  assert wrong == [], f"flipped bytes {wrong} restored as other values"
+  assert all("is damaged" in e for e in errors), errors
+  np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "w"), data)
+  if metadata == "stock":
+    assert exact == [] and len(errors) == len(original)
+    assert stock_wrong
+  else:
+    assert len(errors) > len(original) // 2, (exact, errors)
+
+
+@pytest.mark.parametrize("metadata", FORMATS)
+def test_a_chunk_changed_after_a_good_restore_is_still_caught(mesh_2d, tmp_path, metadata):
+  """A chunk checked by one restore is checked again once its file changed;
+  put back, it restores again."""
+  gda, data = _gda(mesh_2d)
+  _save_run(gda, tmp_path / "w", metadata=metadata)
+  np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "w"), data)
+  chunk = tmp_path / "w" / "3.0"
+  original = chunk.read_bytes()
+  _flip(chunk, len(original) - 3)  # the gzip trailer (CRC) / zstd payload
+  with pytest.raises(ValueError, match="is damaged"):
+    _restore(mesh_2d, tmp_path / "w")
+  chunk.write_bytes(original)
+  np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "w"), data)
+
+
+@pytest.mark.parametrize("name", [".zarray", RECORD])
+def test_a_flipped_byte_in_the_metadata_or_the_record_restores_exactly_or_raises(
+    mesh_2d, tmp_path, name):
+  gda, data = _gda(mesh_2d)
+  _save_run(gda, tmp_path / "w", metadata="stock")
+  path = tmp_path / "w" / name
+  original = path.read_bytes()
+  for at in range(len(original)):
+    _flip(path, at)
+    try:
+      got = _restore(mesh_2d, tmp_path / "w")
+    except ValueError:
+      pass
+    else:
+      np.testing.assert_array_equal(got, data, err_msg=f"{name}: byte {at} flipped")
+    path.write_bytes(original)
+
+
+# -- what is written and what still restores ---------------------------------------------
+
+
+def _zarr3_spec(path, fill_zero=True):
+  metadata = {"shape": [8, 4], "data_type": "float32",
+              "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2, 2]}}}
+  if fill_zero:
+    metadata["fill_value"] = 0
+  return {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)},
+          "metadata": metadata}
+
+
+@pytest.mark.parametrize("kind", ["zarr, fill_value 0", "zarr3, fill_value 0"])
+@pytest.mark.parametrize("zeros", ["all zero", "partly zero"])
+def test_zero_arrays_round_trip_with_every_chunk_stored(mesh_2d, tmp_path, kind, zeros):
+  """tensorstore leaves out chunks equal to the fill value unless told
+  otherwise; the package stores them, so they round-trip and a lost one is
+  still an error."""
+  data = np.zeros((8, 4), np.float32)
+  if zeros == "partly zero":
+    data[:2] = 7
+  gda, _ = _gda(mesh_2d, data=data)
+  path = tmp_path / "w"
+  if kind.startswith("zarr3"):
+    spec = _zarr3_spec(path)
+    chunk = path / "c" / "3" / "1"
+  else:
+    spec = dict(_spec(path), metadata={"fill_value": 0, "compressor": {"id": "zstd"},
+                                       "dtype": "<f4", "chunks": [2, 2], "shape": [8, 4]})
+    chunk = path / "3.1"
+  serialization.run_serialization([gda], [spec])
+  got = np.asarray(serialization.run_deserialization([mesh_2d], [P("x")], [spec])[0])
+  np.testing.assert_array_equal(got, data)
+  assert chunk.exists()
+  chunk.unlink()
+  with pytest.raises(ValueError, match="is missing"):
+    serialization.run_deserialization([mesh_2d], [P("x")], [spec])
+
+
+def test_the_record_is_a_small_json_file_next_to_the_array(mesh_2d, tmp_path):
+  """What is recorded, and where: one JSON file per process in the array's
+  directory; tensorstore and stock read the array as before."""
+  gda, data = _gda(mesh_2d)
+  _save_run(gda, tmp_path / "z", metadata="stock")
+  _save_run(gda, tmp_path / "g")
+  z = json.loads((tmp_path / "z" / RECORD).read_text())
+  assert z["processes"] == 1 and z["shape"] == [8, 4] and z["dtype"] == "float32"
+  assert z["chunk_shape"] == [2, 2] and z["checksum"] == "crc32"
+  assert sorted(z["chunks"]) == sorted(f"{i}.{j}" for i in range(4) for j in range(2))
+  assert z["chunks"]["1.0"] == zlib.crc32((tmp_path / "z" / "1.0").read_bytes())
+  g = json.loads((tmp_path / "g" / RECORD).read_text())
+  assert g["checksum"] is None and set(g["chunks"].values()) == {None}  # gzip checks itself
+  for name in ("z", "g"):
+    np.testing.assert_array_equal(_restore_stock(mesh_2d, tmp_path / name), data)
+    t = ts.open(_spec(tmp_path / name), open=True).result()
+    np.testing.assert_array_equal(t.read().result(), data)
+
+
+def test_checkpoints_of_other_writers_restore_as_before(mesh_2d, tmp_path):
+  """Without the package's record a checkpoint keeps its writer's meaning: a
+  GDA-era file that left out a chunk equal to the fill value reads it as the
+  fill value, and a stock checkpoint restores as stock restores it."""
+  data = np.arange(32, dtype=np.float32).reshape(8, 4)
+  data[2:4, 2:4] = 0
+  old = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "old")},
+                 "metadata": {"shape": [8, 4], "chunks": [2, 2], "dtype": "<f4",
+                              "compressor": {"id": "gzip"}, "fill_value": 0}},
+                create=True).result()
+  old.write(data).result()
+  assert not (tmp_path / "old" / "1.1").exists()  # left out: equal to the fill value
+  np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "old"), data)
+  arr = _gda(mesh_2d)[0].to_jax_array()
+  stock.run_serialization([arr], [_spec(tmp_path / "stock")])
+  np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "stock"), np.asarray(arr))
+  (tmp_path / "stock" / "0.0").unlink()  # stock's meaning: that shard reads as zeros
+  np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "stock"),
+                                _restore_stock(mesh_2d, tmp_path / "stock"))
+
+
+@pytest.mark.parametrize("metadata", FORMATS)
+def test_saving_again_over_a_checkpoint_records_the_new_chunks(mesh_2d, tmp_path, metadata):
+  first, _ = _gda(mesh_2d)
+  second, want = _gda(mesh_2d, data=np.full((8, 4), 3.0, np.float32))
+  for save in SAVES.values():
+    save(first, tmp_path / "w", metadata=metadata)
+    save(second, tmp_path / "w", metadata=metadata)
+    np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "w"), want)
+
+
+def test_a_lost_record_with_others_left_is_an_error(mesh_2d, tmp_path):
+  gda, _ = _gda(mesh_2d)
+  _save_run(gda, tmp_path / "w", metadata="stock")
+  shutil.copy(tmp_path / "w" / RECORD, tmp_path / "w" / "jax_sharding_ext.chunks.1")
+  os.remove(tmp_path / "w" / RECORD)
+  with pytest.raises(ValueError, match=f"its chunk record '{RECORD}' is missing"):
+    _restore(mesh_2d, tmp_path / "w")
