@@ -42,6 +42,7 @@ BENCHES: list[tuple[str, dict, dict]] = [
     ("bench_scaling", {}, {"quick": True}),
     ("bench_checkpoint", {"reps": 15}, {"reps": 3}),
     ("bench_train_loop", {"n": 400}, {"n": 50}),
+    ("bench_pjit", {"n": 400}, {"n": 50}),
     ("bench_import", {"runs": 21}, {"runs": 5}),
     ("bench_port", {"runs": 5}, {"runs": 1}),
 ]
@@ -303,12 +304,25 @@ def _scaling_section(path: str, rows: list[dict]) -> list[str]:
                                        for k, v in written.items()})
 
 
+def _module_targets() -> list[Target]:
+  """The targets a benchmark module states itself (`targets()`: title,
+  variant, base variant, largest ratio)."""
+  out = []
+  for name, _, _ in BENCHES:
+    module = importlib.import_module(name)
+    for title, variant, base, limit in getattr(module, "targets", list)():
+      out.append(Target(f"{title}: {variant} / {base}", f"<= {limit}x",
+                        _ratio(title, variant, base), "{:.2f}x",
+                        lambda v, limit=limit: v <= limit))
+  return out
+
+
 def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: bool,
                  started: datetime.datetime, seconds: dict[str, float],
                  failures: dict[str, str]) -> list[tuple[Target, str, str]]:
   results = []
   table = _Rows(rows)
-  for t in TARGETS:
+  for t in [*TARGETS, *_module_targets()]:
     try:
       v = t.measure(table)
     except (KeyError, ZeroDivisionError, StopIteration):  # not run (e.g. --only)

@@ -6,9 +6,10 @@ donate_argnums)` keeps the legacy signature (and accepts the modern
 
 1. resolves the specs into shardings under the context mesh (`resolve.py`);
 2. calls a `jax.jit` of `fun` built for exactly those shardings. The jitted
-   functions are cached per resolution (the mesh, plus the shardings of the
-   `FROM_GDA` arguments), so a steady loop reuses one `jax.jit` and its
-   compiled executable; jit itself keys its caches on argument shapes.
+   functions are cached per resolution (the mesh and the static keyword
+   arguments), so a steady loop reuses one `jax.jit` and its compiled
+   executable; jit itself keys its caches on argument shapes and shardings
+   (so on those of `FROM_GDA` arguments too).
 
 Specs are pytree prefixes of the *non-static* positional arguments (old pjit
 and `jax.jit` agree on this). Outputs are whatever `jax.jit` returns, so the
@@ -20,40 +21,45 @@ through `jax.jit`'s `donate_argnums` and is checked like any GDA donation
 
 from __future__ import annotations
 
-import collections
 import functools
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
+from jax.sharding import NamedSharding
 
+from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._array.records import is_spec_leaf
 from jax_sharding_ext._jax import config as jax_config
+from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._pjit import resolve
 from jax_sharding_ext._pjit.spec import UNSPECIFIED, PjitSpec, parse
 
 _CACHE_SIZE = 64
-"""jax.jit objects kept per `pjit` function (one per distinct resolution)."""
-
-_NOT_RESOLVED = object()
-"""In shardings that depend on the mesh only, resolved on a cache miss."""
+"""jax.jit objects kept per `pjit` function (one per mesh and static keywords)."""
 
 
 class _Pjit:
   """One `pjit` function: its `PjitSpec` and its cache of `jax.jit`s.
 
   A call resolves what depends on the call (the context mesh, static keyword
-  arguments, the shardings of `FROM_GDA` arguments), takes the `jax.jit` for
-  that resolution from the cache (or builds it), and calls it; on a
-  `ValueError` from JAX it gives the old pjit's message when a GDA's mesh or
-  partitioning disagrees with the specs.
+  arguments), takes the `jax.jit` for that resolution from the cache (or
+  builds it), and calls it; on a `ValueError` from JAX it gives the old
+  pjit's message when a GDA's mesh or partitioning disagrees with the specs.
+
+  A `FROM_GDA` argument needs no resolution: its in sharding is left to
+  `jax.jit`, which takes a committed array's own sharding and keys its caches
+  on it. What remains per call is the check that it has one to take (a GDA,
+  or a `jax.Array` with a `NamedSharding`), a type test per leaf at the
+  leaf positions under `FROM_GDA` (kept per argument structure).
   """
 
   def __init__(self, spec: PjitSpec):
     self.spec = spec
-    self.cache: collections.OrderedDict = collections.OrderedDict()
+    self.cache: dict = {}
+    self.from_gda_positions: dict = {}  # argument treedef -> leaf positions
     self.lock = threading.Lock()
 
   def _mesh(self) -> Any:
@@ -64,27 +70,36 @@ class _Pjit:
     spec = self.spec
     resolve.check_call(spec, args)
     static_kw, kwargs = resolve.split_kwargs(spec, kwargs)
-    mesh = self._mesh()
     if spec.has_from_gda:
-      in_res = resolve.resolve_in(spec, mesh, args)
-      leaves, treedef = jax.tree_util.tree_flatten(in_res, is_leaf=lambda x: x is None)
-      key = (mesh, static_kw, treedef, tuple(leaves))
-    else:
-      in_res, key = _NOT_RESOLVED, (mesh, static_kw)
-    with self.lock:
-      f = self.cache.get(key)
-      if f is not None:
-        self.cache.move_to_end(key)
-        return f, kwargs
-    if in_res is _NOT_RESOLVED:
-      in_res = resolve.resolve_in(spec, mesh, ())
-    f = jax.jit(_target(spec, static_kw), **_jit_kwargs(spec, static_kw, in_res,
-                                                        resolve.resolve_out(spec, mesh)))
-    with self.lock:
-      f = self.cache.setdefault(key, f)
-      while len(self.cache) > _CACHE_SIZE:
-        self.cache.popitem(last=False)
+      self._check_from_gda(args)
+    mesh = self._mesh()
+    key = (mesh, static_kw)
+    f = self.cache.get(key)
+    if f is None:
+      f = jax.jit(_target(spec, static_kw),
+                  **_jit_kwargs(spec, static_kw, resolve.resolve_in(spec, mesh),
+                                resolve.resolve_out(spec, mesh)))
+      with self.lock:
+        f = self.cache.setdefault(key, f)
+        while len(self.cache) > _CACHE_SIZE:
+          del self.cache[next(iter(self.cache))]  # the oldest
     return f, kwargs
+
+  def _check_from_gda(self, args: tuple) -> None:
+    spec = self.spec
+    dyn_args = resolve.dynamic_args(spec, args)[1] if spec.static_pos else args
+    leaves, treedef = jax.tree_util.tree_flatten(dyn_args)
+    positions = self.from_gda_positions.get(treedef)
+    if positions is None:
+      positions = self.from_gda_positions[treedef] = resolve.from_gda_positions(spec, dyn_args)
+    gda_t, array_t = GlobalDeviceArray, jax_tables.ArrayImpl
+    for i in positions:
+      x = leaves[i]
+      t = type(x)
+      if t is gda_t or (t is array_t and type(x.sharding) is NamedSharding):
+        continue
+      resolve.check_from_gda(spec, args)  # the GDA-era error, naming the argument
+      return
 
   def run(self, method: str | None, args, kwargs):
     """Call (`method=None`), `.lower` or `.trace` for these arguments."""

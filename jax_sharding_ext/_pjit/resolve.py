@@ -49,20 +49,37 @@ def resolve_out(spec: PjitSpec, mesh: Any) -> Any:
                                 spec.out_specs, is_leaf=is_spec_leaf)
 
 
-def resolve_in(spec: PjitSpec, mesh: Any, args: tuple) -> Any:
-  """The in shardings for `jax.jit`, or UNSPECIFIED. `args` are read only
-  for `FROM_GDA` leaves."""
+def resolve_in(spec: PjitSpec, mesh: Any) -> Any:
+  """The in shardings for `jax.jit`, or UNSPECIFIED. A `FROM_GDA` leaf is
+  None: `jax.jit` then takes each argument's own sharding (a GDA is a
+  committed array), and keys its caches on it."""
   if not spec.in_given:
     return UNSPECIFIED
-  if not spec.has_from_gda:
-    return jax.tree_util.tree_map(lambda s: to_sharding(s, mesh, spec.in_name),
-                                  spec.in_specs, is_leaf=is_spec_leaf)
+  return jax.tree_util.tree_map(
+      lambda s: None if isinstance(s, FromGda) else to_sharding(s, mesh, spec.in_name),
+      spec.in_specs, is_leaf=is_spec_leaf)
+
+
+def from_gda_positions(spec: PjitSpec, dyn_args: tuple) -> tuple[int, ...]:
+  """The positions, among the leaves of `dyn_args`, under `FROM_GDA` specs."""
+  counts = [jax.tree_util.tree_structure(sub).num_leaves
+            for sub in spec_subtrees(spec, dyn_args)]
+  leaf_specs = jax.tree_util.tree_leaves(spec.in_specs, is_leaf=is_spec_leaf)
+  out, start = [], 0
+  for leaf_spec, n in zip(leaf_specs, counts, strict=True):
+    if isinstance(leaf_spec, FromGda):
+      out.extend(range(start, start + n))
+    start += n
+  return tuple(out)
+
+
+def check_from_gda(spec: PjitSpec, args: tuple) -> None:
+  """Raise the GDA-era error if a `FROM_GDA` argument has no sharding to take
+  (not a GDA, nor a `jax.Array` with a `NamedSharding`)."""
   dyn_pos, dyn_args = dynamic_args(spec, args)
   with_paths, _ = jax.tree_util.tree_flatten_with_path(spec.in_specs, is_leaf=is_spec_leaf)
-  resolved = []
   for (path, leaf_spec), sub in zip(with_paths, spec_subtrees(spec, dyn_args), strict=True):
     if not isinstance(leaf_spec, FromGda):
-      resolved.append(to_sharding(leaf_spec, mesh, spec.in_name))
       continue
 
     def leaf(subpath, x, path=path):
@@ -72,8 +89,7 @@ def resolve_in(spec: PjitSpec, mesh: Any, args: tuple) -> Any:
       else:
         where = "argument " + jax.tree_util.keystr(full)
       return _from_gda_sharding(x, where)
-    resolved.append(jax.tree_util.tree_map_with_path(leaf, sub))
-  return spec.in_treedef.unflatten(resolved)
+    jax.tree_util.tree_map_with_path(leaf, sub)
 
 
 def split_kwargs(spec: PjitSpec, kwargs: dict) -> tuple[tuple, dict]:
