@@ -69,8 +69,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 try:
   import tensorstore as ts
@@ -220,6 +220,21 @@ def estimate_read_memory_footprint(t: ts.TensorStore) -> int:
   return _ts_impl.estimate_read_memory_footprint(t, t.domain)
 
 
+TensorstoreSpec = dict[str, Any] | ts.Spec
+"""A tensorstore spec: a dict (e.g. from `get_tensorstore_spec(path)`) or a `ts.Spec`."""
+DTypeLike = Any  # a numpy / JAX dtype or its name
+
+
+@overload
+async def async_deserialize(
+    mesh: Mesh, mesh_axes: MeshAxes, tensorstore_spec: TensorstoreSpec,
+    global_shape: Shape | None = None, dtype: DTypeLike | None = None,
+    byte_limiter: _LimitInFlightBytes | None = None) -> GlobalDeviceArray: ...
+@overload
+async def async_deserialize(
+    in_sharding: jax.sharding.Sharding, tensorstore_spec: TensorstoreSpec,
+    global_shape: Shape | None = None, dtype: DTypeLike | None = None,
+    byte_limiter: _LimitInFlightBytes | None = None) -> jax.Array: ...
 async def async_deserialize(*args, **kwargs):
   """Read a checkpoint as a `GlobalDeviceArray`. Either form of its vintage:
 
@@ -237,6 +252,19 @@ async def async_deserialize(*args, **kwargs):
   return await _reading.read_one(*_args.bind(_args.ASYNC_DESERIALIZE, args, kwargs))
 
 
+@overload
+def run_deserialization(
+    global_meshes: Sequence[Mesh], mesh_axes: Sequence[MeshAxes],
+    tensorstore_specs: Sequence[TensorstoreSpec],
+    global_shapes: Sequence[Shape | None] | None = None,
+    dtypes: Sequence[DTypeLike | None] | None = None,
+    concurrent_gb: int = 32) -> list[GlobalDeviceArray]: ...
+@overload
+def run_deserialization(
+    shardings: Sequence[jax.sharding.Sharding], tensorstore_specs: Sequence[TensorstoreSpec],
+    global_shapes: Sequence[Shape | None] | None = None,
+    dtypes: Sequence[DTypeLike | None] | None = None,
+    concurrent_gb: int = 32) -> list[jax.Array]: ...
 @jax_tracebacks.api_boundary
 def run_deserialization(*args, **kwargs):
   """Read checkpoints as `GlobalDeviceArray`s. Either form of its vintage:
@@ -371,6 +399,20 @@ class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
       _markers.release_paths(getattr(self, "_jse_held_paths", ()), self)
       self._jse_held_paths = []
 
+  @overload
+  def deserialize(
+      self, global_meshes: Sequence[Mesh], mesh_axes: Sequence[MeshAxes],
+      tensorstore_specs: Sequence[TensorstoreSpec],
+      global_shapes: Sequence[Shape | None] | None = None,
+      dtypes: Sequence[DTypeLike | None] | None = None,
+      concurrent_gb: int = 32) -> list[GlobalDeviceArray]: ...
+  @overload
+  def deserialize(
+      self, shardings: Sequence[jax.sharding.Sharding],
+      tensorstore_specs: Sequence[TensorstoreSpec],
+      global_shapes: Sequence[Shape | None] | None = None,
+      dtypes: Sequence[DTypeLike | None] | None = None,
+      concurrent_gb: int = 32) -> list[jax.Array]: ...
   @jax_tracebacks.api_boundary
   def deserialize(self, *args, **kwargs):
     """Wait for a checkpoint in flight, then read as `run_deserialization`:
@@ -381,3 +423,11 @@ class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
     self.wait_until_finished()
     forms = _args.MANAGER_DESERIALIZE
     return _reading.read_many(forms, *_args.bind(forms, args, kwargs))
+
+
+# `help()`, `inspect.signature` and IDEs that read it show the sharding form
+# (the last GDA-era one, which stock keeps) with its types; the docstrings
+# give both forms, and `typing.get_overloads` returns both.
+_args.show_signature(async_deserialize)
+_args.show_signature(run_deserialization)
+_args.show_signature(GlobalAsyncCheckpointManager.deserialize)

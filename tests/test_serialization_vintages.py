@@ -12,8 +12,11 @@ writes what that code wrote:
 
 import asyncio
 import copy
+import inspect
 import json
+import pydoc
 import shutil
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +75,39 @@ def test_the_two_forms_are_the_old_signatures():
       "concurrent_gb=32)")
   assert _bare(forms["GlobalAsyncCheckpointManager.deserialize"].sharding) == (
       "(shardings, tensorstore_specs, global_shapes=None, dtypes=None, concurrent_gb=32)")
+
+
+def _without_self(sig):
+  return sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "self"])
+
+
+def _untyped(sig):
+  return _bare(sig.replace(return_annotation=inspect.Signature.empty))
+
+
+@pytest.mark.parametrize("fn, forms", [
+    (serialization.async_deserialize, _checkpoint_args.ASYNC_DESERIALIZE),
+    (serialization.run_deserialization, _checkpoint_args.RUN_DESERIALIZATION),
+    (serialization.GlobalAsyncCheckpointManager.deserialize,
+     _checkpoint_args.MANAGER_DESERIALIZE)], ids=lambda x: getattr(x, "__name__", ""))
+def test_each_form_is_a_typed_overload_that_help_shows(fn, forms):
+  """Type checkers and IDEs see one `typing.overload` per form, with the
+  parameter names, defaults and types the call is bound by;
+  `inspect.signature` and `help()` show the sharding form's real parameters
+  (not `*args, **kwargs`), and the docstring both forms."""
+  mesh_form, sharding_form = (_without_self(inspect.signature(o))
+                              for o in typing.get_overloads(fn))
+  assert _untyped(mesh_form) == _bare(forms.mesh)
+  assert _untyped(sharding_form) == _bare(forms.sharding)
+  for form in (mesh_form, sharding_form):
+    assert all(p.annotation is not p.empty for p in form.parameters.values()), form
+    assert form.return_annotation is not form.empty
+  assert "Mesh" in str(mesh_form.parameters[forms.names(_checkpoint_args.MESH)[0]].annotation)
+  shown = inspect.signature(fn)
+  assert _without_self(shown) == sharding_form
+  text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
+  assert str(_without_self(shown).parameters[forms.names(_checkpoint_args.SHARDING)[0]]) in text
+  assert "mesh_axes" in text and "*args" not in text
 
 
 @pytest.fixture

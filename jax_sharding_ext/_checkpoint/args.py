@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -186,3 +187,13 @@ def _check_rest(forms: Forms, kind: str, a: dict) -> None:
     raise TypeError(f"`{forms.fn}`: {at} must be a tensorstore spec (a dict, e.g. from "
                     f"`get_tensorstore_spec(path)`, or a `tensorstore.Spec`), got "
                     f"{type(x).__name__}.")
+
+
+def show_signature(fn: Any) -> None:
+  """Give `fn` (which takes `*args, **kwargs` and is bound by `bind`) the
+  signature of its last `typing.overload`, the sharding form, so that
+  `inspect.signature` and `help()` show real parameters, types and
+  defaults. Both forms stay available from `typing.get_overloads(fn)`."""
+  forms = typing.get_overloads(fn)
+  if forms:
+    fn.__signature__ = inspect.signature(forms[-1])
