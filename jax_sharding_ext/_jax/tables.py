@@ -16,6 +16,7 @@ signature (`CanonicalizeEdit`), or `dispatch._batched_device_put_impl`
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -87,6 +88,10 @@ class TableEdit(Edit):
 
 pytype_aval_mappings: dict[type, Callable[[Any], Any]] = _core.pytype_aval_mappings
 _array_aval = _core.pytype_aval_mappings[ArrayImpl]
+
+
+sharding_of = operator.attrgetter("_sharding")
+"""`jax.Array.sharding` read in C (the public property is Python)."""
 
 
 def array_aval(arr: Any) -> Any:

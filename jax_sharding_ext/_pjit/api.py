@@ -30,12 +30,44 @@ import jax
 from jax.sharding import NamedSharding
 
 from jax_sharding_ext._array.gda import GlobalDeviceArray
-from jax_sharding_ext._array.records import is_spec_leaf
+from jax_sharding_ext._array.records import FromGda, is_spec_leaf
 from jax_sharding_ext._jax import config as jax_config
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._pjit import resolve
 from jax_sharding_ext._pjit.spec import UNSPECIFIED, PjitSpec, parse
+
+_GDA = frozenset({GlobalDeviceArray})
+_GDA_OR_ARRAY = frozenset({GlobalDeviceArray, jax_tables.ArrayImpl})
+_NAMED = frozenset({NamedSharding})
+
+
+def _have_named_shardings(values: Any) -> bool:
+  """True when every value is a GDA or a `jax.Array` with a `NamedSharding`
+  (what `FROM_GDA` takes the sharding of): a few passes in C."""
+  types = set(map(type, values))
+  if types <= _GDA:
+    return True
+  if not types <= _GDA_OR_ARRAY:
+    return False
+  arrays = [v for v in values if type(v) is jax_tables.ArrayImpl]
+  return set(map(type, map(jax_tables.sharding_of, arrays))) <= _NAMED
+
+
+def _flat_values(args: tuple) -> list | None:
+  """The arguments' leaves when each argument is a leaf or a plain dict, list
+  or tuple of leaves; None for anything deeper (then `tree_leaves` is asked)."""
+  out = []
+  for a in args:
+    t = type(a)
+    if t is dict:
+      out.extend(a.values())
+    elif t is list or t is tuple:
+      out.extend(a)
+    else:
+      out.append(a)
+  return out if set(map(type, out)) <= _GDA_OR_ARRAY else None
+
 
 _CACHE_SIZE = 64
 """jax.jit objects kept per `pjit` function (one per mesh and static keywords)."""
@@ -88,15 +120,24 @@ class _Pjit:
   def _check_from_gda(self, args: tuple) -> None:
     spec = self.spec
     dyn_args = resolve.dynamic_args(spec, args)[1] if spec.static_pos else args
-    leaves, treedef = jax.tree_util.tree_flatten(dyn_args)
-    positions = self.from_gda_positions.get(treedef)
-    if positions is None:
-      positions = self.from_gda_positions[treedef] = resolve.from_gda_positions(spec, dyn_args)
-    gda_t, array_t = GlobalDeviceArray, jax_tables.ArrayImpl
+    if isinstance(spec.in_specs, FromGda):  # the usual spelling: every leaf
+      leaves = _flat_values(dyn_args)
+      if leaves is None:
+        leaves = jax.tree_util.tree_leaves(dyn_args)
+      if _have_named_shardings(leaves):
+        return
+      positions: Any = range(len(leaves))
+    else:
+      leaves, treedef = jax.tree_util.tree_flatten(dyn_args)
+      positions = self.from_gda_positions.get(treedef)
+      if positions is None:
+        positions = self.from_gda_positions[treedef] = resolve.from_gda_positions(
+            spec, dyn_args)
+    array_t = jax_tables.ArrayImpl
     for i in positions:
       x = leaves[i]
       t = type(x)
-      if t is gda_t or (t is array_t and type(x.sharding) is NamedSharding):
+      if t is GlobalDeviceArray or (t is array_t and type(x.sharding) is NamedSharding):
         continue
       resolve.check_from_gda(spec, args)  # the GDA-era error, naming the argument
       return
