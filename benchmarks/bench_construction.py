@@ -75,6 +75,7 @@ Run: `.venv/bin/python benchmarks/bench_construction.py [--reps 21] [--mib 256]
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -176,7 +177,7 @@ def run(reps: int = 21, mib: int = 256, warmup: int = 2, fresh_process: bool = T
         f"(target >= 0.5x, within 2x: {'ok' if r_copy >= 0.5 else 'MISSED'})")
   print(f"  make_array_from_callback / numpy copy throughput:    "
         f"{throughput[STOCK] / throughput[COPY]:.3f}x  (stock reference)")
-  return rows + adoption(adopt_n)
+  return rows + adoption(adopt_n) + first_view(max(100, adopt_n // 2))
 
 
 ADOPT_GDA = "GlobalDeviceArray(..., device_buffers)"
@@ -214,6 +215,49 @@ def adoption(n: int = 2000) -> list[dict]:
                            ADOPT_CB_STOCK))
 
 
+FIRST_VIEW = "first to_jax_array() of a fresh GDA"
+LATER_VIEW = "later to_jax_array()"
+
+
+def _first_view(n: int) -> dict[str, float]:
+  """Medians of the first and of a later `to_jax_array()` of fresh GDAs, on
+  every device of this process (each built outside the clock)."""
+  import time
+  devs = jax.devices()
+  mesh = Mesh(np.array(devs).reshape(len(devs), 1), ("x", "y"))
+  host = np.zeros((len(devs) * 8, 8), np.float32)
+  first, later = [], []
+  for _ in range(n):
+    g = GlobalDeviceArray.from_callback(host.shape, mesh, P("x"), lambda i: host[i])
+    g.block_until_ready()
+    t0 = time.perf_counter()
+    g.to_jax_array()
+    t1 = time.perf_counter()
+    g.to_jax_array()
+    t2 = time.perf_counter()
+    first.append(t1 - t0)
+    later.append(t2 - t1)
+  return {FIRST_VIEW: float(np.median(first)), LATER_VIEW: float(np.median(later))}
+
+
+def first_view(n: int = 500) -> list[dict]:
+  """`_first_view` on 8 and 64 devices, each in a fresh process."""
+  rows = []
+  for n_dev in (8, 64):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n_dev}")
+    out = subprocess.run([sys.executable, __file__, "--first-view", str(n)], check=True,
+                         stdout=subprocess.PIPE, text=True, env=env).stdout
+    res = json.loads(out.split("RESULT ", 1)[1])
+    rows += _common.report(f"first view of a fresh GDA, {n_dev} devices", res, LATER_VIEW)
+  return rows
+
+
+def targets() -> list[tuple[str, str, str | None, float]]:
+  """(benchmark title, variant, base variant or None, the largest ratio, or
+  without a base the largest median in the row's unit)."""
+  return [("first view of a fresh GDA, 64 devices", FIRST_VIEW, None, 10.0)]
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--reps", type=int, default=21, help="interleaved samples per variant")
@@ -222,7 +266,11 @@ def main() -> None:
   ap.add_argument("--in-process", action="store_true",
                   help="measure in this process, not in a fresh subprocess")
   ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  ap.add_argument("--first-view", type=int, help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.first_view:
+    print("RESULT " + json.dumps(_first_view(args.first_view)))
+    return
   if args.child:
     print("RESULT " + json.dumps(_measure(args.reps, args.mib, args.warmup)))
     return

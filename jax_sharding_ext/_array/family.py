@@ -49,40 +49,41 @@ class _Family:
     return False
 
 
-_family_of: dict[int, tuple[_weakref.ref, _Family]] = {}
-"""`id(array)` -> (a weak reference to it, its family), for family members."""
+class _Member(_weakref.ref):
+  """A weak reference to a family member, keyed in `_family_of` by its id."""
+
+  __slots__ = ("key", "family")
+
+
+_family_of: dict[int, _Member] = {}
+"""`id(array)` -> the weak reference to it, for family members."""
 
 _lock = threading.Lock()
 """Held while a family gains a member, so that no thread's member is lost."""
 
 
+def _forget(ref: _Member, table: dict = _family_of) -> None:
+  """Weak-reference callback: drop a dead array's entry (the table is bound
+  as a default, so it is there even at interpreter shutdown)."""
+  if table.get(ref.key) is ref:
+    del table[ref.key]
+
+
 def _join(arr: Any, family: _Family) -> None:
   key = id(arr)
-  ref = _weakref.ref(arr, _Forget(key))
-  family.members[:] = [m for m in family.members if m() is not None]
+  ref = _Member(arr, _forget)
+  ref.key, ref.family = key, family
+  if family.members:
+    family.members[:] = [m for m in family.members if m() is not None]
   family.members.append(ref)
-  _family_of[key] = (ref, family)
-
-
-class _Forget:
-  """Weak-reference callback: drop a dead array's `_family_of` entry."""
-
-  __slots__ = ("key", "table")
-
-  def __init__(self, key: int):
-    self.key, self.table = key, _family_of  # the table, even at shutdown
-
-  def __call__(self, ref: _weakref.ref) -> None:
-    entry = self.table.get(self.key)
-    if entry is not None and entry[0] is ref:
-      del self.table[self.key]
+  _family_of[key] = ref
 
 
 def family_of(arr: Any) -> _Family | None:
-  entry = _family_of.get(id(arr))
-  if entry is None or entry[0]() is not arr:
+  ref = _family_of.get(id(arr))
+  if ref is None or ref() is not arr:
     return None
-  return entry[1]
+  return ref.family
 
 
 def buffers_id(arr: Any) -> int:

@@ -74,8 +74,12 @@ def sibling(arr: Any) -> Any:
   which is assembled from this process's single-device arrays instead, as
   `jax.make_array_from_single_device_arrays` assembles one.
   """
-  if _HAS_CLONE and arr.is_fully_addressable:
-    return arr.clone()
+  if _HAS_CLONE:
+    try:
+      return arr.clone()
+    except RuntimeError:
+      if arr.is_fully_addressable:
+        raise
   return ArrayImpl(arr.aval, arr.sharding, single_device_arrays(arr),
                    committed=arr._committed, _skip_checks=True)
 
