@@ -13,7 +13,7 @@ PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | hea
   "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p" || echo "$$p"; } && break; done)
 VENV312 ?= .venv312
 
-.PHONY: install demo test test-default test-jax012 wheel-check lint bench notebooks chromium clean
+.PHONY: install demo test test-default test-jax012 wheel-check docs lint bench notebooks chromium clean
 
 install: $(STAMP)
 
@@ -48,8 +48,9 @@ wheel-check: install
 	cd $(WHEEL_DIR)/run && ../venv/bin/python quickstart.py >/dev/null && echo "wheel-check: quickstart ran from the installed wheel"
 
 # The README's test command and CI: lint, then the suite on both supported
-# JAX releases (Python 3.11 + JAX 0.10.2, Python 3.12 + JAX 0.12.x).
-test: test-default test-jax012 wheel-check
+# JAX releases (Python 3.11 + JAX 0.10.2, Python 3.12 + JAX 0.12.x), the wheel
+# and the documentation build.
+test: test-default test-jax012 wheel-check docs
 
 test-default: install chromium
 	$(BIN)/python -m ruff check .
@@ -71,6 +72,15 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
+
+# The documentation site (Sphinx + myst-nb) into build/docs. Any warning fails
+# the build; it runs the example notebooks (DOCS_EXECUTE=off shows their
+# committed outputs instead) and needs no network.
+DOCS_EXECUTE ?= force
+docs: install
+	rm -rf build/docs
+	$(BIN)/python -m sphinx -W --keep-going -E -q -b html -D nb_execution_mode=$(DOCS_EXECUTE) docs build/docs
+	@echo "docs: build/docs/index.html"
 
 # Re-execute the example notebooks and save them with their outputs.
 notebooks: install

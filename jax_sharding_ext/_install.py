@@ -92,6 +92,11 @@ def uninstall() -> None:
 
 
 def is_installed() -> bool:
+  """Return whether this package's handlers are in JAX's tables now.
+
+  True after `import jax_sharding_ext` and `install()`, False after
+  `uninstall()`.
+  """
   return STATE.installed
 
 

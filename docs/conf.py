@@ -1,0 +1,152 @@
+"""Sphinx configuration of the jax_sharding_ext documentation.
+
+`make docs` builds it into build/docs with warnings as errors. The example
+notebooks of examples/ are copied into docs/examples/ (gitignored) when the
+build starts and executed there by myst-nb, so the site shows what they print
+with the package as it is. Nothing is fetched from the network: no
+intersphinx, and the theme's assets ship with it.
+
+The build also fails when a public name (an entry of `__all__` of the package
+or of one of its public modules) has no entry in the API reference.
+"""
+
+import importlib
+import os
+import pathlib
+import re
+import shutil
+import sys
+import warnings
+
+from sphinx.deprecation import RemovedInSphinx10Warning
+from sphinx.util import logging
+
+DOCS = pathlib.Path(__file__).resolve().parent
+REPO = DOCS.parent
+sys.path.insert(0, str(REPO))
+
+# Anything the build runs in this process stays on the CPU; the notebooks set
+# their own device count in their first cell.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax_sharding_ext  # noqa: E402
+
+project = "jax_sharding_ext"
+author = "the jax_sharding_ext authors"
+project_copyright = "the jax_sharding_ext authors"
+release = version = jax_sharding_ext.__version__
+
+# On Python 3.11 the newest sphinx-autodoc-typehints (3.6) still calls a Sphinx
+# API that Sphinx 10 removes; that is its own deprecation notice, not ours.
+warnings.filterwarnings("ignore", category=RemovedInSphinx10Warning,
+                        module="sphinx_autodoc_typehints")
+
+extensions = [
+  "myst_nb",
+  "sphinx.ext.autodoc",
+  "sphinx.ext.napoleon",
+  "sphinx.ext.viewcode",
+  "sphinx_autodoc_typehints",
+]
+
+exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+
+# -- MyST and the notebooks ---------------------------------------------------
+
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# `make docs DOCS_EXECUTE=off` skips running the notebooks (their committed
+# outputs are shown); the default runs every one on every build.
+nb_execution_mode = "force"
+nb_execution_timeout = 300
+nb_execution_raise_on_error = True
+nb_execution_show_tb = True
+nb_merge_streams = True
+
+EXAMPLES = DOCS / "examples"
+
+
+def _copy_notebooks() -> None:
+  """Mirror examples/*.ipynb into docs/examples/ (rewriting only what changed,
+  so an unchanged notebook keeps its timestamp)."""
+  EXAMPLES.mkdir(exist_ok=True)
+  wanted = {p.name: p for p in (REPO / "examples").glob("*.ipynb")}
+  for old in EXAMPLES.iterdir():
+    if old.name not in wanted:
+      old.unlink() if old.is_file() else shutil.rmtree(old)
+  for name, src in wanted.items():
+    dst = EXAMPLES / name
+    if not dst.exists() or dst.read_bytes() != src.read_bytes():
+      shutil.copyfile(src, dst)
+
+
+_copy_notebooks()
+
+# -- API reference --------------------------------------------------------------
+
+autodoc_default_options = {"member-order": "bysource"}
+autodoc_inherit_docstrings = False  # a GDA's members say what the GDA does, not jax.Array
+autoclass_content = "class"
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_rtype = False
+typehints_document_rtype = True
+# Docstrings write code as `name` (Markdown style): show it as code.
+default_role = "literal"
+add_module_names = False  # each page names its module
+
+PUBLIC_MODULES = (
+  "jax_sharding_ext",
+  "jax_sharding_ext.global_device_array",
+  "jax_sharding_ext.multihost_utils",
+  "jax_sharding_ext.serialization",
+  "jax_sharding_ext.orbax_support",
+  "jax_sharding_ext.port",
+)
+
+
+def _check_every_public_name_is_documented(app, env) -> None:
+  """Warn (an error under -W) for each `__all__` entry without an API entry."""
+  documented = set(env.get_domain("py").objects)
+  log = logging.getLogger(__name__)
+  for module in PUBLIC_MODULES:
+    for name in importlib.import_module(module).__all__:
+      if f"{module}.{name}" not in documented:
+        log.warning("public name %s.%s has no entry in the API reference (docs/api/)",
+                    module, name)
+
+
+# Docstrings are written with Markdown's code spans, where "`GlobalDeviceArray`s"
+# is a plural; reST ends a code span only before a space or punctuation, so an
+# escaped space (which renders as nothing) goes between the span and the letter.
+# Spans are matched left to right as whole tokens (roles and ``literals``
+# included), so a closing backtick is never taken for an opening one.
+_SPAN = re.compile(r"(:[\w:+-]+:)?(`+)[^`\n]*?\2")
+
+
+def _close_span(match: re.Match) -> str:
+  text, rest = match.group(0), match.string[match.end():match.end() + 1]
+  plain = match.group(1) is None and len(match.group(2)) == 1
+  return text + "\\ " if plain and (rest.isalnum() or rest == "_") else text
+
+
+def _markdown_plurals(app, what, name, obj, options, lines) -> None:
+  lines[:] = [_SPAN.sub(_close_span, line) for line in lines]
+
+
+def setup(app):
+  # Before sphinx-autodoc-typehints adds its type roles to the docstring.
+  app.connect("autodoc-process-docstring", _markdown_plurals, priority=100)
+  app.connect("env-check-consistency", _check_every_public_name_is_documented)
+
+
+# -- HTML -------------------------------------------------------------------------
+
+html_theme = "sphinx_book_theme"
+html_title = "jax_sharding_ext"
+html_theme_options = {
+  "show_toc_level": 2,
+  "use_download_button": True,
+}
+html_last_updated_fmt = None
