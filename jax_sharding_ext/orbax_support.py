@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 from typing import Any
 
 try:
@@ -55,6 +56,10 @@ from jax_sharding_ext._array.shard_math import (
   normalize_mesh_axes,
   to_partition_spec,
 )
+from jax_sharding_ext._checkpoint import recording
+
+# orbax's frames stand between the user's line and a save or restore.
+_ORBAX_DIRS = (os.path.dirname(os.path.dirname(ocp.__file__)) + os.sep,)
 
 __all__ = ["GdaHandler", "as_gdas", "as_jax_arrays", "gda_restore_args", "restore_args_for"]
 
@@ -72,9 +77,20 @@ class GdaHandler(type_handlers.ArrayHandler):
   """
 
   async def serialize(self, values, infos, args=None):
-    return await super().serialize([_view(v) for v in values], infos, args)
+    where = recording.site(_ORBAX_DIRS)
+    out = await super().serialize([_view(v) for v in values], infos, args)
+    # The copies to the host are done (orbax commits in the background).
+    recording.saved([v.to_jax_array() for v in values if isinstance(v, GlobalDeviceArray)],
+                    where)
+    return out
 
   async def deserialize(self, infos, args=None):
+    where = recording.site(_ORBAX_DIRS)
+    out = await self._deserialize(infos, args)
+    recording.restored([a for a in out if isinstance(a, GlobalDeviceArray)], where)
+    return out
+
+  async def _deserialize(self, infos, args):
     if args is not None:
       # A GDA request without `global_shape` is checked against the saved shape.
       unsized = [i for i, arg in enumerate(args)

@@ -93,6 +93,7 @@ from jax_sharding_ext._checkpoint import integrity as _integrity
 from jax_sharding_ext._checkpoint import markers as _markers
 from jax_sharding_ext._checkpoint import metadata as _metadata
 from jax_sharding_ext._checkpoint import reading as _reading
+from jax_sharding_ext._checkpoint import recording as _recording
 from jax_sharding_ext._checkpoint import running as _running
 from jax_sharding_ext._checkpoint import saving as _saving
 from jax_sharding_ext._jax import checkpoint as jax_checkpoint
@@ -171,6 +172,7 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   Writes no commit marker.
   """
   fn = "async_serialize"
+  where = _recording.site()
   choice = _metadata.checked_metadata_choice(fn, metadata)
   (arr,), (spec,) = _checks.checked_arrays(fn, [arr_inp], [tensorstore_spec], choice)
   await _integrity.forget_records([spec])
@@ -178,10 +180,11 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
     regions = _integrity.written_regions(arr)
     out = await _stock.async_serialize(arr, spec)
     await _integrity.write_records([regions], [spec])
-    return out
-  first = len(commit_future)
-  out = await _stock.async_serialize(arr, spec, commit_future=commit_future)
-  commit_future.append(_saving.RecordsAfter(commit_future[first:], [arr], [spec]))
+  else:
+    first = len(commit_future)
+    out = await _stock.async_serialize(arr, spec, commit_future=commit_future)
+    commit_future.append(_saving.RecordsAfter(commit_future[first:], [arr], [spec]))
+  _recording.saved([arr], where)
   return out
 
 
@@ -197,6 +200,7 @@ def run_serialization(arrays, tensorstore_specs, *, metadata=_GDA_METADATA):
   written. `metadata`: as for `async_serialize`.
   """
   fn = "run_serialization"
+  where = _recording.site()
   choice = _metadata.checked_metadata_choice(fn, metadata)
   arrs, specs = _checks.checked_arrays(fn, arrays, tensorstore_specs, choice)
   writer = _markers.SaveInProgress()
@@ -213,6 +217,7 @@ def run_serialization(arrays, tensorstore_specs, *, metadata=_GDA_METADATA):
       _multihost.sync_global_devices("jax_sharding_ext.serialization.committed")
   finally:
     _markers.release_paths(held, writer)
+  _recording.saved(arrs, where)
 
 
 def estimate_read_memory_footprint(t: ts.TensorStore) -> int:
@@ -249,7 +254,10 @@ async def async_deserialize(*args, **kwargs):
   `global_shape` larger than the stored shape zero-pads, smaller truncates;
   `dtype` casts on the host. Each process reads only its devices' shards.
   """
-  return await _reading.read_one(*_args.bind(_args.ASYNC_DESERIALIZE, args, kwargs))
+  where = _recording.site()
+  out = await _reading.read_one(*_args.bind(_args.ASYNC_DESERIALIZE, args, kwargs))
+  _recording.restored([out], where)
+  return out
 
 
 @overload
@@ -279,8 +287,11 @@ def run_deserialization(*args, **kwargs):
   gives for it. At most `concurrent_gb` GB of host memory is in flight per
   process.
   """
+  where = _recording.site()
   forms = _args.RUN_DESERIALIZATION
-  return _reading.read_many(forms, *_args.bind(forms, args, kwargs))
+  out = _reading.read_many(forms, *_args.bind(forms, args, kwargs))
+  _recording.restored(out, where)
+  return out
 
 
 # -- the checkpoint manager -------------------------------------------------------------
@@ -363,6 +374,7 @@ class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
     `async_serialize`.
     """
     fn = "GlobalAsyncCheckpointManager.serialize"
+    where = _recording.site()
     if not callable(on_commit_callback):
       raise TypeError(f"`{fn}`: on_commit_callback must be callable, got "
                       f"{type(on_commit_callback).__name__}.")
@@ -387,6 +399,7 @@ class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
       _markers.release_paths(held, self)
       raise
     self._jse_held_paths = held
+    _recording.saved(arrs, where)  # the data is on the host now; the commit runs on
 
   def wait_until_finished(self):
     """Block until the background commit has finished; raise its error.
@@ -420,9 +433,12 @@ class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
     dtypes=None)` (JAX 0.3.17 to 0.3.21) or `(shardings, tensorstore_specs,
     global_shapes=None, dtypes=None)` (JAX 0.3.22 to 0.4.x); both also take
     `concurrent_gb=32`, as stock's manager does."""
+    where = _recording.site()
     self.wait_until_finished()
     forms = _args.MANAGER_DESERIALIZE
-    return _reading.read_many(forms, *_args.bind(forms, args, kwargs))
+    out = _reading.read_many(forms, *_args.bind(forms, args, kwargs))
+    _recording.restored(out, where)
+    return out
 
 
 # `help()`, `inspect.signature` and IDEs that read it show the sharding form

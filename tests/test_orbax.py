@@ -43,7 +43,9 @@ def test_pytree_checkpointer_saves_shard_by_shard_and_restores_gdas(mesh_2d, tmp
   state, w_data = _state(mesh_2d)
   with jse.transfer_ledger() as ledger:
     ocp.PyTreeCheckpointer().save(tmp_path / "c", state)
-  assert ledger.records == []  # no whole-array fetch of the GDA
+  # The save itself, shard by shard (explicit), not a whole-array (implicit) fetch.
+  assert [(r.direction, r.explicit, r.nbytes) for r in ledger.records] == [
+      ("device_to_host", True, state["params"]["w"].nbytes)]
   target = {"params": {"w": _gda(mesh_2d, P("y", None))[0], "b": state["params"]["b"]},
             "step": state["step"]}
   out = ocp.PyTreeCheckpointer().restore(tmp_path / "c", args=ocp.args.PyTreeRestore(
@@ -133,7 +135,7 @@ def test_gda_restore_args_pad_with_strict_false(mesh_2d, tmp_path):
 
 def test_standard_checkpointer(mesh_2d, tmp_path):
   """StandardSave takes GDA leaves as they are (a GDA is a `jax.Array`):
-  shard by shard, nothing fetched whole (the ledger is empty), and
+  shard by shard, nothing fetched whole (the ledger holds the save alone), and
   StandardRestore with GDAs in the target gives GDAs on the target's mesh
   and `mesh_axes`, trailing `None`s included; `jax.Array` leaves stay
   `jax.Array`s."""
@@ -142,7 +144,8 @@ def test_standard_checkpointer(mesh_2d, tmp_path):
   with jse.transfer_ledger() as ledger:
     ckptr.save(tmp_path / "c", state)
     ckptr.wait_until_finished()
-  assert ledger.records == []
+  assert [(r.direction, r.explicit, r.nbytes) for r in ledger.records] == [
+      ("device_to_host", True, state["params"]["w"].nbytes)]
   target = {"params": {"w": _gda(mesh_2d, P("x", None))[0], "b": state["params"]["b"]},
             "step": state["step"]}
   out = ckptr.restore(tmp_path / "c", target)
