@@ -79,7 +79,7 @@ def _views(tree: Any) -> tuple[Any, list[bool]]:
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   was_gda = [_is_gda(x) for x in leaves]
   views = [x.to_jax_array() if g else x for x, g in zip(leaves, was_gda, strict=True)]
-  return treedef.unflatten(views), was_gda
+  return jax.tree_util.tree_unflatten(treedef, views), was_gda
 
 
 def _as_gda(x: Any) -> Any:
@@ -93,8 +93,8 @@ def _rewrap(tree: Any, was_gda: list[bool]) -> Any:
   if not any(was_gda):
     return tree
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return treedef.unflatten(
-      [_as_gda(x) if g else x for x, g in zip(leaves, was_gda, strict=True)])
+  return jax.tree_util.tree_unflatten(
+      treedef, [_as_gda(x) if g else x for x, g in zip(leaves, was_gda, strict=True)])
 
 
 def _host_value(x: Any, fn: str) -> Any:
@@ -167,6 +167,7 @@ def _checked_local_inputs(views: Any, global_mesh: Any, pspecs: Any) -> Any:
   (stock fails inside `batched_device_put` for a multi-device array it must
   slice). The check reads only shapes, which are static, so it also runs on
   traced leaves; a traced leaf is handed to stock unchanged."""
+  spec_def: Any  # a PyTreeDef (jaxlib publishes no type for it)
   path_specs, spec_def = jax.tree_util.tree_flatten_with_path(pspecs, is_leaf=is_spec_leaf)
   try:
     subtrees = spec_def.flatten_up_to(views)
@@ -203,7 +204,7 @@ def _checked_local_inputs(views: Any, global_mesh: Any, pspecs: Any) -> Any:
         return jax.device_put(x, local)
       return x
     out.append(jax.tree_util.tree_map_with_path(one, sub))
-  return spec_def.unflatten(out)
+  return jax.tree_util.tree_unflatten(spec_def, out)
 
 
 @jax_tracebacks.api_boundary

@@ -144,7 +144,7 @@ def in_device_order(arrays: Any, devices: Sequence[Any]) -> Any:
   """`arrays` reordered to `devices` when each lives on exactly one of them;
   anything else as given (the constructor's checks then name the problem)."""
   if isinstance(arrays, Sequence) and len(arrays) == len(devices):
-    on = {}
+    on: dict[Any, Any] = {}
     for a in arrays:
       if isinstance(a, jax.Array) and len(a.sharding.device_set) == 1:
         on.setdefault(next(iter(a.sharding.device_set)), a)

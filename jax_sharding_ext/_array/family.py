@@ -53,6 +53,8 @@ class _Member(_weakref.ref):
   """A weak reference to a family member, keyed in `_family_of` by its id."""
 
   __slots__ = ("key", "family")
+  key: int
+  family: _Family
 
 
 _family_of: dict[int, _Member] = {}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -74,6 +74,13 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
   # `_init` and `rebuild` (the hot path of every GDA output) set every slot.
   __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched", "_family",
                "_key", "__weakref__")
+  _arr: Any  # the private `jax.Array` (its sharding a `NamedSharding`)
+  _mesh: Mesh | None
+  _mesh_axes: Any
+  _local_shards: list[Shard] | None
+  _host_fetched: bool
+  _family: Any
+  _key: Any
   __array_priority__ = 100
 
   # A GDA is always committed to its devices (read by `jax.jit`).
@@ -365,14 +372,16 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
       raise IndexError(
           f"`local_data({i})` is out of range: this GlobalDeviceArray has "
           f"{len(shards)} local shards.")
-    return shards[i].data
+    return cast(jax.Array, shards[i].data)  # a local shard always has its data
 
-  addressable_data = local_data
+  def addressable_data(self, index: int) -> jax.Array:
+    """`jax.Array.addressable_data`: `local_data(index)`."""
+    return self.local_data(index)
 
   @property
   def _device_buffers(self) -> list[jax.Array]:
     """The GDA-era attribute: the local shards' data, in `mesh.local_devices` order."""
-    return [s.data for s in self.local_shards]
+    return [cast(jax.Array, s.data) for s in self.local_shards]
 
   def block_until_ready(self) -> GlobalDeviceArray:
     try:
@@ -405,7 +414,8 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     arr = copy.deepcopy(self._checked_array("copy it"), memo)
     return type(self)._wrap(arr, copy.deepcopy(self.mesh_axes, memo))
 
-  def __array__(self, dtype=None, copy=None) -> np.ndarray:
+  def __array__(self, dtype: Any = None, context: None = None,
+                copy: bool | None = None) -> np.ndarray:
     if copy is False:
       raise ValueError(
           "A GlobalDeviceArray lives on devices; converting it to numpy always "

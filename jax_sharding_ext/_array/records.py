@@ -76,6 +76,8 @@ class GdaShape(tuple):
   where the target held one.
   """
 
+  _axes: tuple[Any, Any]
+
   def __new__(cls, shape, gda: Any):
     self = super().__new__(cls, shape)
     self._axes = gda._mesh_axes, gda._arr.sharding

@@ -27,7 +27,13 @@ from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 
 Shape = tuple[int, ...]
 Index = tuple[slice, ...]
-MeshAxes = Any  # PartitionSpec | Sequence[str | tuple[str, ...] | None]
+AxisEntry = str | tuple[str, ...] | None
+"""One dimension's entry of GDA-era mesh axes: an axis name, a tuple of names
+(split over their product), or None (not split)."""
+
+MeshAxes = PartitionSpec | Sequence[AxisEntry] | None
+"""GDA-era mesh axes: a `PartitionSpec`, a list or tuple with at most one
+entry per dimension, or None (fully replicated)."""
 NormalizedAxes = tuple[tuple[str, ...], ...]
 
 

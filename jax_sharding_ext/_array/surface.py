@@ -22,7 +22,7 @@ non-scalar) is refused the same way, before anything moves.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jax_sharding_ext._array import family
 from jax_sharding_ext._jax.tables import ArrayImpl
@@ -139,6 +139,13 @@ class _ArraySurface:
   """
 
   __slots__ = ()
+
+  if TYPE_CHECKING:  # provided by the class using the mixin
+    _arr: Any
+
+    def _checked_array(self, action: str) -> Any: ...
+    def _shard_array(self, action: str) -> Any: ...
+    def _host_array(self) -> Any: ...
 
   def __getitem__(self, idx):
     return self._checked_array(_ACTION)[_unwrap(idx)]

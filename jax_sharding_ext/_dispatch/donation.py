@@ -114,8 +114,8 @@ def donation_vector(donate_argnums: int | Iterable[int], args: Sequence[Any],
   donated = set(parse_argnums(donate_argnums, "donate_argnums"))
   res: list[bool] = []
   for i, arg in enumerate(args):
-    res.extend((i in donated,) * jax.tree_util.tree_structure(arg).num_leaves)
-  res.extend((False,) * jax.tree_util.tree_structure(kwargs).num_leaves)
+    res.extend((i in donated,) * len(jax.tree_util.tree_leaves(arg)))
+  res.extend((False,) * len(jax.tree_util.tree_leaves(kwargs)))
   return tuple(res)
 
 
@@ -210,6 +210,12 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
       "donated.")
 
 
+def _may_share(a: frozenset | None, b: frozenset | None) -> bool:
+  """Whether two arrays' buffer addresses meet. An unknown address counts as
+  shared: refusing is safe, running is not."""
+  return a is None or b is None or bool(a & b)
+
+
 def _donated_alias(args: Sequence[Any], donated: Sequence[bool]) -> tuple[int, int] | None:
   """`(i, j)`: donated argument `i` shares buffers with argument `j`, or None.
 
@@ -248,7 +254,6 @@ def _donated_alias(args: Sequence[Any], donated: Sequence[bool]) -> tuple[int, i
     for i in group:
       if donated[i]:
         for j in group:
-          # An unknown address counts as shared: refusing is safe, running is not.
-          if j != i and (where[i] is None or where[j] is None or where[i] & where[j]):
+          if j != i and _may_share(where[i], where[j]):
             return i, j
   return None

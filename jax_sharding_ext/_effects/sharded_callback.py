@@ -80,8 +80,8 @@ def _resolve_mesh_and_spec(ctx, x, callback: ShardedCallback, device_assignment,
           "nor a `with_sharding_constraint` result, so XLA picks its sharding "
           "later. Pass `sharding=NamedSharding(mesh, spec)`, or constrain it "
           "with `jax.lax.with_sharding_constraint`.")
-    devices, names, spec = found
-    return _mesh_of(devices, names), PartitionSpec(*spec)
+    devices, names, entries = found
+    return _mesh_of(devices, names), PartitionSpec(*entries)
   if isinstance(sharding, SingleDeviceSharding):
     mesh, spec = _mesh_of([next(iter(sharding.device_set))], ("_jse_d",)), PartitionSpec()
   else:

@@ -42,7 +42,7 @@ from jax_sharding_ext._jax.tables import ArrayImpl, RegisterOnceEdit
 
 try:
   from jax._src import tree_util as _tree_util
-  _dispatch_registry = getattr(_tree_util, "dispatch_registry", None)
+  _dispatch_registry: Any = getattr(_tree_util, "dispatch_registry", None)
 except ImportError:  # pragma: no cover
   _dispatch_registry = None
 
@@ -130,6 +130,7 @@ _get_ident = threading.get_ident
 
 class _RefcountProbe:
   __slots__ = ("_arr",)
+  _arr: object
 
 
 def _sole_owner_refcount() -> int:
@@ -204,7 +205,7 @@ def _alias_key(gda: Any) -> AliasKey:
   return key
 
 
-def record_call(args: Any, donated: Any, gdas: Any, view_type: type,
+def record_call(args: Any, donated: Any, gdas: Any, view_type: Any,
                 loose: Callable[[Any], bool]) -> None:
   """Record on the call's dispatch keys whether an alias could hurt its executable.
 
@@ -219,7 +220,7 @@ def record_call(args: Any, donated: Any, gdas: Any, view_type: type,
     for g in gdas:
       _record(g, False)
     return
-  keyed = [x for x in args if type(x) is view_type and x._key is not None]
+  keyed: list[Any] = [x for x in args if type(x) is view_type and x._key is not None]
   if not keyed:
     return
   loose_keyed = {id(x) for x in keyed if loose(x)}  # by id: `==` of a view may raise

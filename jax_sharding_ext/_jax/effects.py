@@ -90,12 +90,13 @@ class SetMemberEdit(Edit):
   def _apply(self) -> None:
     target = self._target()
     self._added = target is not None and self.item not in target
-    if self._added:
+    if target is not None and self._added:
       target.add(self.item)
 
   def _revert(self) -> None:
-    if self._added:
-      self._target().discard(self.item)
+    target = self._target()
+    if target is not None and self._added:
+      target.discard(self.item)
     self._added = False
 
 

@@ -251,7 +251,7 @@ def user_call_site(skip: tuple[str, ...] = NOT_USER_CODE) -> CallSite | None:
   Costs a walk of the few frames between the caller and the user's line
   (~0.2 us for a `np.asarray(gda)`); no text is built.
   """
-  f = sys._getframe(1)
+  f: types.FrameType | None = sys._getframe(1)
   while f is not None and f.f_code.co_filename.startswith(skip):
     f = f.f_back
   if f is None:

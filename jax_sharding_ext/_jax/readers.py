@@ -28,6 +28,7 @@ Uninstalled, they only take and release the lock.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -101,7 +102,7 @@ class SharedExclusiveLock:
 
 LOCK = SharedExclusiveLock()
 
-_ExecuteReplicated = getattr(_pxla, "ExecuteReplicated", None)
+_ExecuteReplicated: Any = getattr(_pxla, "ExecuteReplicated", None)
 HAS_READERS = (callable(getattr(_pxla, "lower_sharding_computation", None))
                and _ExecuteReplicated is not None and "__call__" in vars(_ExecuteReplicated))
 
@@ -113,10 +114,7 @@ def _shared(fn: Any) -> Any:
       return fn(*args, **kwargs)
     finally:
       LOCK.release_shared()
-  wrapper.__wrapped__ = fn
-  wrapper.__name__ = getattr(fn, "__name__", "wrapper")
-  wrapper.__doc__ = getattr(fn, "__doc__", None)
-  return wrapper
+  return functools.update_wrapper(wrapper, fn)
 
 
 def _shared_if_effects(call: Any) -> Any:
@@ -129,8 +127,7 @@ def _shared_if_effects(call: Any) -> Any:
       return call(self, *args)
     finally:
       LOCK.release_shared()
-  __call__.__wrapped__ = call
-  return __call__
+  return functools.update_wrapper(__call__, call)
 
 
 class ReadersLockEdit(Edit):

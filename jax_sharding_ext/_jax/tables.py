@@ -136,7 +136,7 @@ ShapedArray = _core.ShapedArray
 # compiled under. No table exists for this; the method is wrapped with a
 # reversible edit that refuses to clobber someone else's wrapper.
 
-_LOAD_OWNER = getattr(_pxla, "UnloadedMeshExecutable", None)
+_LOAD_OWNER: Any = getattr(_pxla, "UnloadedMeshExecutable", None)
 
 
 class EagerResultHandlersEdit(Edit):

@@ -74,7 +74,7 @@ def token_is_on(token: Any, devices: Any) -> bool:
   buffers as they are. Reads `Sharding._device_assignment` (private; same
   in jax 0.10.2 and 0.12.x).
   """
-  buf = getattr(token, "_buf", None)
+  buf: Any = getattr(token, "_buf", None)
   try:
     return (not buf.is_deleted()
             and tuple(buf.sharding._device_assignment) == tuple(devices))

@@ -13,6 +13,9 @@ changed between 0.10.2 and 0.12.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from jax._src import array as _array
 from jax._src import lib as _tg_lib
 from jax._src.lib import guard_lib as _guard_lib
@@ -210,8 +213,9 @@ def process_holds_value(sharding, shape) -> bool:
                                                                                tuple(shape)))
 
 
-_process_has_full_value = getattr(_array, "_process_has_full_value_in_mcjax", None)
-_sharding_indices_and_eq = getattr(_array, "_sharding_indices_and_eq", None)
-_fallback_check_via_indices = getattr(_array, "_fallback_check_via_indices", None)
+_process_has_full_value: Callable[..., Any] | None = getattr(
+    _array, "_process_has_full_value_in_mcjax", None)
+_sharding_indices_and_eq: Any = getattr(_array, "_sharding_indices_and_eq", None)
+_fallback_check_via_indices: Any = getattr(_array, "_fallback_check_via_indices", None)
 if _fallback_check_via_indices is None:  # pragma: no cover
   _sharding_indices_and_eq = None

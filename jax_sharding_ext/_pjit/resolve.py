@@ -62,10 +62,10 @@ def resolve_in(spec: PjitSpec, mesh: Any) -> Any:
 
 def from_gda_positions(spec: PjitSpec, dyn_args: tuple) -> tuple[int, ...]:
   """The positions, among the leaves of `dyn_args`, under `FROM_GDA` specs."""
-  counts = [jax.tree_util.tree_structure(sub).num_leaves
-            for sub in spec_subtrees(spec, dyn_args)]
+  counts = [len(jax.tree_util.tree_leaves(sub)) for sub in spec_subtrees(spec, dyn_args)]
   leaf_specs = jax.tree_util.tree_leaves(spec.in_specs, is_leaf=is_spec_leaf)
-  out, start = [], 0
+  out: list[int] = []
+  start = 0
   for leaf_spec, n in zip(leaf_specs, counts, strict=True):
     if isinstance(leaf_spec, FromGda):
       out.extend(range(start, start + n))

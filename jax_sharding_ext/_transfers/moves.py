@@ -56,6 +56,8 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
   host_to_device, a `jax.Array` value on another device is device_to_device,
   one already on its device does not move.
   """
+  h2d: Sequence[int]
+  d2d: Sequence[int]
   if _all_host_data(values):  # the usual case: numpy data from the callback
     h2d, d2d = range(len(values)), ()
   else:

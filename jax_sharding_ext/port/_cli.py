@@ -149,9 +149,9 @@ def _notebook_file(run: _Run, shown: str, path: str, raw: bytes) -> None:
   except ValueError as e:
     run.error(f"{shown}: {e}")
     return
-  for number, e in nb.broken.items():
-    run.error(f"{shown}:cell {number}:{e.lineno or 1}:{e.offset or 1}: does not parse: "
-              f"{e.msg}; cell left as it is")
+  for number, bad in nb.broken.items():
+    run.error(f"{shown}:cell {number}:{bad.lineno or 1}:{bad.offset or 1}: does not parse: "
+              f"{bad.msg}; cell left as it is")
   text, _ = _notebook.module_text(nb)
   if not _mentions_jax(text.encode("utf-8")):
     return

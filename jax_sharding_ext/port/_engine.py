@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import warnings
+from typing import cast
 
 from jax_sharding_ext.port import _analyze, _scope, _values
 from jax_sharding_ext.port._context import Context, Fixed
@@ -80,13 +81,14 @@ def _import_edit(ctx: Context, node: ast.Import | ast.ImportFrom, plan) -> Edit:
   text = ctx.text
   start, end = text.start(node), text.end(node)
   first = text.starts[node.lineno - 1]
-  after = text.line(node.end_lineno).encode("utf-8")[node.end_col_offset:].decode("utf-8")
+  end_lineno = cast(int, node.end_lineno)  # set on every parsed statement
+  after = text.line(end_lineno).encode("utf-8")[node.end_col_offset:].decode("utf-8")
   alone = (not text.text[first:start].strip()
            and (not after.strip() or after.strip().startswith("#")))
   if alone:
     body = ctx.walk.body_of(node)
     indent = text.text[first:start]
-    end_line = text.line_end(node.end_lineno)
+    end_line = text.line_end(end_lineno)
     lines = text.text[first:end_line]
     new = _rewrite.rewrite_lines(lines, indent, plan, len(body) == 1, text.newline)
     return Edit(first, end_line, new)

@@ -12,6 +12,8 @@ applies to every name).
 
 from __future__ import annotations
 
+from typing import Any
+
 import libcst as cst
 
 from jax_sharding_ext.port._imports import Plan
@@ -97,8 +99,9 @@ def rewrite_lines(lines: str, indent: str, plan: Plan, only_statement: bool,
   if not wrapped.endswith(("\n", "\r")):
     wrapped += newline
   module = cst.parse_module(wrapped)
-  block = module.body[0].body if indent else module  # type: ignore[attr-defined]
-  line = block.body[0]
+  first_stmt: Any = module.body[0]
+  block: Any = first_stmt.body if indent else module
+  line: Any = block.body[0]
   new = _statements(line.body[0], plan)
   if not new:
     comment = line.trailing_whitespace.comment
@@ -116,7 +119,8 @@ def rewrite_lines(lines: str, indent: str, plan: Plan, only_statement: bool,
       new_lines.append(cst.SimpleStatementLine(body=[stmt], trailing_whitespace=trailing))
   block = block.with_changes(body=new_lines)
   if indent:
-    module = module.with_changes(body=[module.body[0].with_changes(body=block)])  # type: ignore[attr-defined]
+    first: Any = module.body[0]
+    module = module.with_changes(body=[first.with_changes(body=block)])
     code = module.code
     return code[code.index("\n", 0) + 1:] if code.startswith("if 1:") else code
   code = block.code
@@ -126,8 +130,8 @@ def rewrite_lines(lines: str, indent: str, plan: Plan, only_statement: bool,
 def rewrite_statement(text: str, plan: Plan) -> str:
   """One import statement's own text (it shares its line with others),
   rewritten by `plan`; several statements are joined with `; `."""
-  line = cst.parse_statement(text)
-  new = _statements(line.body[0], plan)  # type: ignore[attr-defined]
+  line: Any = cst.parse_statement(text)
+  new = _statements(line.body[0], plan)
   if not new:
     return "pass"
   return "; ".join(cst.Module([]).code_for_node(s) for s in new)

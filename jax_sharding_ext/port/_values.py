@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import cast
 
 from jax_sharding_ext.port import _reports, _rules, _scope
 from jax_sharding_ext.port._context import Context
@@ -57,17 +58,17 @@ def _call(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
   positional = [a for a in call.args if not isinstance(a, ast.Starred)]
   first = positional[0] if positional else None
   name = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
-  for func in ctx.symbols(call.func, scope):
-    obj, _, method = func.rpartition(".")
+  for symbol in ctx.symbols(call.func, scope):
+    obj, _, method = symbol.rpartition(".")
     if obj in _reports.CONFIG_OBJECTS and method in ("update", "read") and name:
       option(ctx, call, name, method)
-    if func in _WSC:
+    if symbol in _WSC:
       for kw in call.keywords:
         if kw.arg == "axis_resources":
           start = ctx.text.start(kw)
           ctx.note(call, "JSE310", _reports.JSE310.format(shown=ctx.shown(call.func)),
                    [Edit(start, start + len("axis_resources"), "shardings")])
-    if func == _MAPS_MESH:
+    if symbol == _MAPS_MESH:
       _maps_mesh(ctx, call, scope)
   func = call.func
   if (isinstance(func, ast.Attribute) and func.attr == "device" and not call.args
@@ -167,7 +168,7 @@ def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
   if target is None:
     edits = [Edit(start, start, f"{spelled[0]}("), Edit(end, end, ")")]
   else:
-    edits = [Edit(start, start, f"{spelled[0]}({target.id} := "),  # type: ignore[union-attr]
+    edits = [Edit(start, start, f"{spelled[0]}({cast(ast.Name, target).id} := "),
              Edit(end, ctx.text.end(target), ")")]
   ctx.note(expr, "JSE204", _reports.JSE204.format(
       shown=whole, new=new), edits, spelled[1])
