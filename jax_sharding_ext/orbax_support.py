@@ -31,6 +31,7 @@ Needs orbax-checkpoint: `pip install 'jax-sharding-ext[checkpoint]'`.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import logging
@@ -39,6 +40,7 @@ from typing import Any
 
 try:
   import orbax.checkpoint as ocp
+  import tensorstore as ts
   from orbax.checkpoint import checkpoint_utils, type_handlers
 except ImportError as e:  # pragma: no cover - exercised by a subprocess test
   raise ImportError(
@@ -97,14 +99,29 @@ class GdaHandler(type_handlers.ArrayHandler):
                  if _gda_request(arg) and _shape_of(arg) is None]
       shapes: dict[int, Any] = {}
       if unsized:
-        metas = await self.metadata([infos[i] for i in unsized])
-        shapes = {i: m.shape for i, m in zip(unsized, metas, strict=True)}
+        saved = await self._saved_shapes([infos[i] for i in unsized])
+        shapes = dict(zip(unsized, saved, strict=True))
       arrays = await super().deserialize(
           infos, [_for_orbax(arg, shapes.get(i)) for i, arg in enumerate(args)])
     else:
       arrays = await super().deserialize(infos, args)
     args = args or [None] * len(arrays)
     return [_as_requested(a, arg) for a, arg in zip(arrays, args, strict=True)]
+
+  async def _saved_shapes(self, infos):
+    """The shapes of the stored arrays, read from their own metadata only.
+
+    Not through `self.metadata`, which also reads the `_sharding` file: orbax
+    0.4.x wrote its members under the plain parameter names, today's orbax
+    looks them up under base64 names, so a checkpoint of 2023 would fail there
+    although its arrays restore."""
+    specs = [type_handlers.get_json_tspec_read(
+        info, use_ocdbt=bool(info.is_ocdbt_checkpoint),
+        metadata_key=getattr(self, "_metadata_key", None)) for info in infos]
+    stores = await asyncio.gather(*(
+        ts.open(ts.Spec(spec), open=True, context=info.ts_context)
+        for spec, info in zip(specs, infos, strict=True)))
+    return [tuple(t.shape) for t in stores]
 
 
 def _spec(mesh: Any, mesh_axes: Any, shape: Any = None) -> PartitionSpec:
