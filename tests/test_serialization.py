@@ -1,7 +1,7 @@
-"""`jax_sharding_ext.serialization` beyond JAX's own ported test
-(`test_serialization_port.py`): the old API surface, interchange with stock
-`array_serialization`, restoring onto other meshes, the manager's commit
-semantics, partial checkpoints and bad input."""
+"""`jax_sharding_ext.serialization`: the old API surface, interchange with
+stock `array_serialization`, restoring onto other meshes, the manager's
+commit semantics, partial checkpoints and bad input. What each restored shard
+holds is in test_serialization_shards.py."""
 
 import asyncio
 import inspect
@@ -81,6 +81,24 @@ def test_get_tensorstore_spec_matches_the_old_specs():
       "driver": "zarr", "kvstore": {"driver": "gcs", "bucket": "bucket", "path": "dir/a"}}
   with pytest.raises(ValueError, match="should contain the bucket name"):
     serialization.get_tensorstore_spec("gs://bucket")
+
+
+@pytest.mark.parametrize("spec, has", [
+    ({"driver": "zarr", "kvstore": {"driver": "file", "path": "/c/w"},
+      "metadata": {"shape": [8, 4], "chunks": [2, 2]}}, True),
+    ({"driver": "cast", "dtype": "float32",
+      "base": {"driver": "zarr", "metadata": {"shape": [8]}}}, True),
+    ({"base": {"base": {"metadata": None}}}, True),
+    ({"driver": "cast", "dtype": "float32",
+      "base": {"driver": "zarr", "kvstore": {"driver": "file", "path": "/c/metadata"}}}, False),
+    (serialization.get_tensorstore_spec("/c/w"), False),
+    ({}, False),
+], ids=["top level", "in the base of a cast", "deeply nested, None", "only as a value",
+        "a fresh spec", "empty"])
+def test_spec_has_metadata_finds_the_key_in_any_nested_dict(spec, has):
+  """A spec carries metadata when a 'metadata' key sits in it or in any dict
+  within it, whatever its value; the word as a value does not count."""
+  assert serialization._spec_has_metadata(spec) is has
 
 
 def test_base_install_keeps_four_runtime_dependencies():
