@@ -7,18 +7,25 @@ which enforces a hard timeout, always kills them, and reports which worker
 failed first with every worker's output.
 """
 
+import asyncio
 import re
+import signal
 import socket
 from pathlib import Path
 
 import pytest
 from _multihost import run_workers
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_sharding_ext import serialization
 
 pytestmark = pytest.mark.multiprocess
 
 HERE = Path(__file__).parent
 GDA_WORKER = HERE / "_multiprocess_worker.py"
 UTILS_WORKER = HERE / "_multihost_worker.py"
+CHECKPOINT_WORKER = HERE / "_checkpoint_worker.py"
 SPLITS = [pytest.param(2, 4, id="2x4"), pytest.param(4, 2, id="4x2")]  # N, local devices
 
 
@@ -93,3 +100,41 @@ def test_sharded_checkpoints_two_processes(tmp_path):
   _check(run)
   assert all("checkpoints ok" in run.stdout(i) for i in range(2)), run.report()
   assert (tmp_path / "final" / "w" / ".zarray").exists() and not (tmp_path / "tmp").exists()
+
+
+def test_a_save_killed_midway_is_refused_through_every_spelling(tmp_path, mesh_2d):
+  """Worker 2 of 4 is killed in the middle of a `GlobalAsyncCheckpointManager`
+  save to a URL kvstore spec: the others never commit, and a restore in one
+  process refuses the checkpoint through every spelling of its location
+  (instead of giving worker 2's quarter as zeros); with the marker gone, the
+  chunk records still refuse it."""
+  run = run_workers(CHECKPOINT_WORKER, 4, 2, args=(tmp_path, 2), timeout=150,
+                    stop_on_failure=False, heartbeat_s=4)
+  assert not run.timed_out, run.report()
+  assert run.returncodes[2] == -signal.SIGKILL, run.report()
+  assert all(rc != 0 for rc in run.returncodes), run.report()
+  assert not any("COMMITTED" in run.stdout(i) for i in range(4)), run.report()
+  a = tmp_path / "a"
+  assert (a / serialization.COMMIT_MARKER).exists()
+  assert [(a / f"{i}.0").exists() for i in range(4)] == [True, True, False, True]
+  spellings = [
+      {"driver": "zarr", "kvstore": f"file://{a}/"},
+      {"driver": "zarr", "kvstore": f"file://{a}"},
+      {"driver": "zarr", "kvstore": {"driver": "file", "path": str(a)}},
+      {"driver": "zarr", "kvstore": {"driver": "file", "path": f"{tmp_path}/"}, "path": "a"},
+      serialization.get_tensorstore_spec(str(a)),
+      {"driver": "cast", "dtype": "float32", "base": {"driver": "zarr",
+                                                      "kvstore": f"file://{a}/"}},
+  ]
+  sharding = NamedSharding(mesh_2d, P("x"))
+  for spec in spellings:
+    with pytest.raises(ValueError, match="was never committed"):
+      serialization.run_deserialization([sharding], [spec])
+    with pytest.raises(ValueError, match="was never committed"):
+      asyncio.run(serialization.async_deserialize(mesh_2d, P("x"), spec))
+    with pytest.raises(ValueError, match="was never committed"):
+      serialization.GlobalAsyncCheckpointManager().deserialize([sharding], [spec])
+  (a / serialization.COMMIT_MARKER).unlink()
+  with pytest.raises(ValueError, match=r"is damaged: its chunk records \[.*chunks\.2'\] are "
+                                       "missing"):
+    serialization.run_deserialization([sharding], [spellings[0]])
