@@ -75,6 +75,10 @@ class Target:
   note: str = ""  # shown when missed
 
 
+_CHECK_FORMATS = (("gzip", "GDA-era metadata (gzip, the default)"),
+                  ("zstd", "stock metadata (zstd)"))
+
+
 def _ratio(title, num, den):
   return lambda r: r.median(title, num) / r.median(title, den)
 
@@ -235,6 +239,22 @@ TARGETS: list[Target] = [
            ">= 0.95x", _ratio("checkpoint restore", "serialization.run_deserialization (GDA)",
                               "stock run_deserialization"),
            "{:.2f}x", lambda v: v >= 0.95),
+    *[Target(f"checkpoint restore after the files changed, 256 MiB, {fmt}: GDA (chunks "
+             "checked) / stock jax.Array (GB/s)", ">= 0.95x",
+             _ratio(f"checkpoint restore after the files changed, 256 MiB float32 over 8 "
+                    f"devices, {kind}", "serialization.run_deserialization (GDA)",
+                    "stock run_deserialization"),
+             "{:.3f}x", lambda v: v >= 0.95)
+      for fmt, kind in _CHECK_FORMATS],
+    *[Target(f"checkpoint restore after the files changed, 256 MiB, {fmt}: time with the "
+             "chunk check / without (checked vs unchecked restore)", "<= 1.05x",
+             _ratio(f"checkpoint restore after the files changed, 256 MiB float32 over 8 "
+                    f"devices, {kind}", "serialization, chunk record removed (unchecked)",
+                    "serialization.run_deserialization (GDA)"),
+             "{:.3f}x", lambda v: v <= 1.05,
+             "zstd: a crc32 pass over every chunk read, competing for the cores with "
+             "tensorstore's reads")
+      for fmt, kind in _CHECK_FORMATS],
     Target("2 sharded_callback / 2 ordered io_callback in shard_map, 8 devices, per call",
            "<= 1.2x", _ratio("per-shard callbacks", "sharded_callback x2",
                              "io_callback x2 in shard_map (ordered)"),

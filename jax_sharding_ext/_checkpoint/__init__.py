@@ -1,6 +1,15 @@
-"""The machinery behind the public `serialization` module: the GDA-era
-metadata, checks, commit markers and event-loop running (`metadata`), and
-the two calling conventions of the old deserialization functions (`args`).
+"""The machinery behind the public `serialization` module, one module per concern:
+
+- `metadata`: the metadata of a new array (the GDA-era module's, or stock's);
+- `locations`: where a spec stores its array, as tensorstore resolves it;
+- `checks`: what a save or restore checks before it writes or reads;
+- `markers`: commit markers and one writer per path;
+- `integrity`: chunk records, so a checkpoint restores exactly or raises;
+- `saving` / `reading`: how a save and a restore run;
+- `recording`: saves and restores in the transfer ledger;
+- `running`: running their coroutines from any thread;
+- `args`: the two calling conventions of the old deserialization functions.
+
 Needs tensorstore, an optional extra; `serialization` imports it first and
 names the extra when it is missing.
 """
