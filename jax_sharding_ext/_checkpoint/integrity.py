@@ -38,9 +38,8 @@ import concurrent.futures
 import dataclasses
 import itertools
 import json
+import mmap
 import os
-import threading
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +48,11 @@ import tensorstore as ts
 
 from jax_sharding_ext._checkpoint import locations, markers
 from jax_sharding_ext._checkpoint.metadata import TS_CONTEXT
+
+try:  # the same CRC-32 as zlib's, about 6x as fast (ISA-L, in the [checkpoint] extra)
+  from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - the extra installs it
+  from zlib import crc32
 
 RECORD_PREFIX = "jax_sharding_ext.chunks."
 """Key prefix of the chunk records in an array's directory (then the process index)."""
@@ -152,31 +156,28 @@ def _file_state(st: os.stat_result) -> tuple:
   return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-_BLOCK = 1 << 20
 _INLINE_BYTES = 256 << 10
-_buffers = threading.local()
+# Map the file with its pages read in at once (Linux): with a fast crc32 the
+# copy a read() makes would cost more than the crc itself.
+_MAP = ({"flags": mmap.MAP_SHARED | mmap.MAP_POPULATE, "prot": mmap.PROT_READ}
+        if hasattr(mmap, "MAP_POPULATE") else {"access": mmap.ACCESS_READ})
 
 
 def _crc_of_file(path: str) -> tuple[tuple, int]:
-  """(the file's state, the crc32 of its bytes), read a block at a time into
-  one buffer per thread (faster than mapping the file: no page faults, and
-  the block stays in the CPU cache between the read and the crc)."""
-  block = getattr(_buffers, "block", None)
-  if block is None:
-    block = _buffers.block = memoryview(bytearray(_BLOCK))
-  crc = 0
-  with open(path, "rb", buffering=0) as f:
+  """(the file's state, the crc32 of its bytes), read without a copy."""
+  with open(path, "rb") as f:
     state = _file_state(os.fstat(f.fileno()))
-    while n := f.readinto(block):
-      crc = zlib.crc32(block[:n], crc)
-  return state, crc
+    if state[1] == 0:
+      return state, crc32(b"")
+    with mmap.mmap(f.fileno(), 0, **_MAP) as m:
+      return state, crc32(m)
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 async def _in_thread(fn: Callable, *args: Any) -> Any:
-  """`fn(*args)` on a worker thread (zlib and file reads release the GIL).
+  """`fn(*args)` on a worker thread (the crc32 and file reads release the GIL).
   One pool for the process: each save or restore runs its own event loop,
   and a loop's default pool is started and stopped with it."""
   global _pool
@@ -259,8 +260,7 @@ class _Directory:
       if r.state != "value":
         return None
       value = r.value
-      crc = zlib.crc32(value) if len(value) <= _INLINE_BYTES else await _in_thread(zlib.crc32,
-                                                                                   value)
+      crc = crc32(value) if len(value) <= _INLINE_BYTES else await _in_thread(crc32, value)
       state = r.stamp.generation
     _remember(self.loc, key, state, crc)
     return crc
