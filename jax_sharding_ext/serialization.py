@@ -90,6 +90,7 @@ from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, canonical
 from jax_sharding_ext._checkpoint import args as _args
 from jax_sharding_ext._checkpoint import checks as _checks
 from jax_sharding_ext._checkpoint import integrity as _integrity
+from jax_sharding_ext._checkpoint import locations as _locations
 from jax_sharding_ext._checkpoint import markers as _markers
 from jax_sharding_ext._checkpoint import metadata as _metadata
 from jax_sharding_ext._checkpoint import reading as _reading
@@ -175,15 +176,16 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   where = _recording.site()
   choice = _metadata.checked_metadata_choice(fn, metadata)
   (arr,), (spec,) = _checks.checked_arrays(fn, [arr_inp], [tensorstore_spec], choice)
+  fresh = [_locations.new_local_path(spec)]
   await _integrity.forget_records([spec])
   if commit_future is None:
     regions = _integrity.written_regions(arr)
     out = await _stock.async_serialize(arr, spec)
-    await _integrity.write_records([regions], [spec])
+    await _integrity.write_records([regions], [spec], fresh)
   else:
     first = len(commit_future)
     out = await _stock.async_serialize(arr, spec, commit_future=commit_future)
-    commit_future.append(_saving.RecordsAfter(commit_future[first:], [arr], [spec]))
+    commit_future.append(_saving.RecordsAfter(commit_future[first:], [arr], [spec], fresh))
   _recording.saved([arr], where)
   return out
 
@@ -383,13 +385,13 @@ class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
     self.wait_until_finished()  # also releases the paths of the previous checkpoint
     held = _markers.hold_paths(fn, specs, self, _markers.MANAGER_WRITER)
     try:
-      _running.run(lambda: _saving.prepare(fn, specs, choice))
+      _, fresh = _running.run(lambda: _saving.prepare(fn, specs, choice))
 
       def commit():  # process 0, after every process has committed its writes
         _running.run(lambda: _markers.set_markers(specs, False))
         on_commit_callback()
       # Each process records its chunks once its writes are committed.
-      self._jse_extra_commit = lambda futures: _saving.RecordsAfter(futures, arrs, specs)
+      self._jse_extra_commit = lambda futures: _saving.RecordsAfter(futures, arrs, specs, fresh)
       try:
         _running.call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
             arrs, specs, on_commit_callback=commit))

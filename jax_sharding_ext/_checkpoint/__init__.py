@@ -5,6 +5,7 @@
 - `checks`: what a save or restore checks before it writes or reads;
 - `markers`: commit markers and one writer per path;
 - `integrity`: chunk records, so a checkpoint restores exactly or raises;
+- `chunkfiles`: reading chunk files and checking their crc32;
 - `saving` / `reading`: how a save and a restore run;
 - `recording`: saves and restores in the transfer ledger;
 - `running`: running their coroutines from any thread;

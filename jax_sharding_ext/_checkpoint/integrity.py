@@ -34,11 +34,9 @@ that cuts across processes' shards) is recorded without a crc32.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import itertools
 import json
-import mmap
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,13 +44,15 @@ from typing import Any
 import jax
 import tensorstore as ts
 
-from jax_sharding_ext._checkpoint import locations, markers
+from jax_sharding_ext._checkpoint import locations
+from jax_sharding_ext._checkpoint.chunkfiles import (
+  CHECKED_LIMIT,
+  Directory,
+  checked,
+  directory_of,
+  file_state,
+)
 from jax_sharding_ext._checkpoint.metadata import TS_CONTEXT
-
-try:  # the same CRC-32 as zlib's, about 6x as fast (ISA-L, in the [checkpoint] extra)
-  from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - the extra installs it
-  from zlib import crc32
 
 RECORD_PREFIX = "jax_sharding_ext.chunks."
 """Key prefix of the chunk records in an array's directory (then the process index)."""
@@ -107,174 +107,47 @@ def _zarr3_checksummed(codecs: Sequence[Any]) -> bool:
   return True
 
 
-def grid_of(t: ts.TensorStore) -> Grid | None:
-  """The chunk grid of the stored array `t` (a 'cast' is seen through), or
-  None for a driver other than zarr and zarr3."""
+def grid_of(t: ts.TensorStore) -> tuple[Grid | None, str]:
+  """The chunk grid of the stored array `t` (a 'cast' is seen through; None
+  for a driver other than zarr and zarr3) and its dtype name."""
   while getattr(t, "base", None) is not None:
     t = t.base
   spec = t.spec().to_json()
-  metadata, shape = spec.get("metadata") or {}, tuple(t.shape)
-  if spec.get("driver") == "zarr" and "chunks" in metadata:
+  return _grid(spec.get("driver"), spec.get("metadata") or {}, tuple(t.shape)), t.dtype.name
+
+
+def _grid(driver: Any, metadata: dict, shape: tuple[int, ...]) -> Grid | None:
+  if driver == "zarr" and "chunks" in metadata:
     compressor = (metadata.get("compressor") or {}).get("id")
-    return Grid(shape, tuple(metadata["chunks"]),
+    return Grid(shape, tuple(int(c) for c in metadata["chunks"]),
                 _zarr_v2_key(metadata.get("dimension_separator", ".")),
                 compressor not in _SELF_CHECKING_V2)
   grid = metadata.get("chunk_grid") or {}
-  if spec.get("driver") == "zarr3" and grid.get("name") == "regular":
+  if driver == "zarr3" and grid.get("name") == "regular":
     return Grid(shape, tuple(grid["configuration"]["chunk_shape"]),
                 _zarr3_key(metadata.get("chunk_key_encoding") or {"name": "default"}),
                 _zarr3_checksummed(metadata.get("codecs") or ()))
   return None
 
 
-def _dtype_of(t: ts.TensorStore) -> str:
-  while getattr(t, "base", None) is not None:
-    t = t.base
-  return t.dtype.name
+def _grid_of_new(spec: Any) -> tuple[Grid | None, str] | None:
+  """What `grid_of` would give for the array just created from `spec` at a
+  path where nothing was stored (its metadata is the spec's, with
+  tensorstore's defaults), without opening it; None where the spec leaves
+  something to what is stored."""
+  base = locations.stored(spec)
+  if not isinstance(base, dict) or "key_encoding" in base:
+    return None
+  metadata, parsed = base.get("metadata") or {}, locations.parsed(base)
+  if parsed is None or parsed.dtype is None or "shape" not in metadata:
+    return None
+  grid = _grid(base.get("driver"), metadata, tuple(int(n) for n in metadata["shape"]))
+  return (grid, parsed.dtype.name) if grid is not None else None
 
 
 def region_of(index: Sequence[slice], shape: Sequence[int]) -> list[tuple[int, int]]:
   """The (start, stop) per dimension of a shard index of an array of `shape`."""
   return [s.indices(n)[:2] for s, n in zip(index, shape, strict=True)]
-
-
-# -- reading and checking chunk files ---------------------------------------------------
-
-# (location key, chunk key) -> (file state or kvstore generation, crc32): chunks
-# whose stored bytes were checked (or written here) in that state.
-_checked: dict[tuple[str, str], tuple[Any, int]] = {}
-_CHECKED_LIMIT = 1 << 16
-
-
-def _remember(loc: locations.Location, key: str, state: Any, crc: int) -> None:
-  if len(_checked) >= _CHECKED_LIMIT:
-    _checked.clear()
-  _checked[loc.key, key] = (state, crc)
-
-
-def _file_state(st: os.stat_result) -> tuple:
-  return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-_INLINE_BYTES = 256 << 10
-# Map the file with its pages read in at once (Linux): with a fast crc32 the
-# copy a read() makes would cost more than the crc itself.
-_MAP = ({"flags": mmap.MAP_SHARED | mmap.MAP_POPULATE, "prot": mmap.PROT_READ}
-        if hasattr(mmap, "MAP_POPULATE") else {"access": mmap.ACCESS_READ})
-
-
-def _crc_of_file(path: str) -> tuple[tuple, int]:
-  """(the file's state, the crc32 of its bytes), read without a copy."""
-  with open(path, "rb") as f:
-    state = _file_state(os.fstat(f.fileno()))
-    if state[1] == 0:
-      return state, crc32(b"")
-    with mmap.mmap(f.fileno(), 0, **_MAP) as m:
-      return state, crc32(m)
-
-
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-async def _in_thread(fn: Callable, *args: Any) -> Any:
-  """`fn(*args)` on a worker thread (the crc32 and file reads release the GIL).
-  One pool for the process: each save or restore runs its own event loop,
-  and a loop's default pool is started and stopped with it."""
-  global _pool
-  if _pool is None:
-    _pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=min(8, os.cpu_count() or 2), thread_name_prefix="jax_sharding_ext.crc32")
-  return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
-
-
-class _Directory:
-  """An array's directory: a local one by plain file operations, another
-  kvstore through tensorstore (opened once, when first needed)."""
-
-  def __init__(self, loc: locations.Location):
-    self.loc = loc
-    self._store = None
-
-  async def store(self) -> ts.KvStore:
-    if self._store is None:
-      self._store = await ts.KvStore.open(self.loc.kvstore, context=TS_CONTEXT)
-    return self._store
-
-  async def get(self, key: str) -> bytes | None:
-    if self.loc.local_dir is not None:
-      try:
-        with open(os.path.join(self.loc.local_dir, key), "rb") as f:
-          return f.read()
-      except FileNotFoundError:
-        return None
-    r = await (await self.store()).read(key)
-    return r.value if r.state == "value" else None
-
-  async def put(self, key: str, value: bytes) -> None:
-    if self.loc.local_dir is not None:
-      markers.write_local(os.path.join(self.loc.local_dir, key), value)
-    else:
-      await (await self.store()).write(key, value)
-
-  async def delete(self, key: str) -> None:
-    if self.loc.local_dir is not None:
-      try:
-        os.remove(os.path.join(self.loc.local_dir, key))
-      except FileNotFoundError:
-        pass
-    else:
-      await (await self.store()).delete_range(ts.KvStore.KeyRange(key, key + "\0"))
-
-  async def any_with_prefix(self, prefix: str) -> bool:
-    if self.loc.local_dir is not None:
-      try:
-        return any(n.startswith(prefix) for n in os.listdir(self.loc.local_dir))
-      except FileNotFoundError:
-        return False
-    found = await (await self.store()).list(ts.KvStore.KeyRange(prefix, prefix + "\x7f"))
-    return bool(found)
-
-  async def crc(self, key: str, known: int | None = None) -> int | None:
-    """The crc32 of chunk `key`'s stored bytes (None if it is missing). With
-    `known`, a chunk checked before and unchanged since is not read again."""
-    if self.loc.local_dir is not None:
-      path = os.path.join(self.loc.local_dir, key)
-      try:
-        st = os.stat(path)
-        if known is not None and _checked.get((self.loc.key, key)) == (_file_state(st), known):
-          return known
-        # A small file costs less here than the trip to a worker thread.
-        small = st.st_size <= _INLINE_BYTES
-        state, crc = _crc_of_file(path) if small else await _in_thread(_crc_of_file, path)
-      except FileNotFoundError:
-        return None
-    else:
-      store = await self.store()
-      seen = _checked.get((self.loc.key, key))
-      if known is not None and seen is not None and seen[1] == known:
-        r = await store.read(key, if_not_equal=seen[0])
-        if r.state == "unspecified":
-          return known
-      else:
-        r = await store.read(key)
-      if r.state != "value":
-        return None
-      value = r.value
-      crc = crc32(value) if len(value) <= _INLINE_BYTES else await _in_thread(crc32, value)
-      state = r.stamp.generation
-    _remember(self.loc, key, state, crc)
-    return crc
-
-  async def exists(self, key: str) -> bool:
-    if self.loc.local_dir is not None:
-      return os.path.lexists(os.path.join(self.loc.local_dir, key))
-    r = await (await self.store()).read(key, byte_range=slice(0, 0))
-    return r.state == "value"
-
-
-def _directory(spec: Any) -> _Directory | None:
-  loc = locations.locate(spec)
-  return _Directory(loc) if loc is not None and loc.shared_writes else None
 
 
 # -- writing the records ---------------------------------------------------------------
@@ -287,18 +160,24 @@ def written_regions(arr: jax.Array) -> list[list[tuple[int, int]]]:
   return [region_of(s.index, arr.shape) for s in arr.addressable_shards if s.replica_id == 0]
 
 
-async def write_records(regions: Sequence[Sequence[Region]], specs: Sequence[Any]) -> None:
+async def write_records(regions: Sequence[Sequence[Region]], specs: Sequence[Any],
+                        fresh: Sequence[bool] | None = None) -> None:
   """Record the chunks this process wrote of each array (`regions`, from
-  `written_regions`; the writes are committed), for the restore to check."""
-  await asyncio.gather(*(_write_record(r, s) for r, s in zip(regions, specs, strict=True)))
+  `written_regions`; the writes are committed), for the restore to check.
+  `fresh[i]`: nothing was stored at `specs[i]` before this save."""
+  fresh = [False] * len(specs) if fresh is None else fresh
+  await asyncio.gather(*(_write_record(r, s, f)
+                         for r, s, f in zip(regions, specs, fresh, strict=True)))
 
 
-async def _write_record(regions: Sequence[Region], spec: Any) -> None:
-  directory = _directory(spec)
+async def _write_record(regions: Sequence[Region], spec: Any, fresh: bool) -> None:
+  directory = directory_of(spec)
   if directory is None:
     return
-  t = await ts.open(ts.Spec(spec), open=True, context=TS_CONTEXT)
-  grid = grid_of(t)
+  known = _grid_of_new(spec) if fresh else None
+  if known is None:  # open the array to see what is stored
+    known = grid_of(await ts.open(ts.Spec(spec), open=True, context=TS_CONTEXT))
+  grid, dtype = known
   if grid is None:
     return
   alone = jax.process_count() == 1
@@ -314,7 +193,7 @@ async def _write_record(regions: Sequence[Region], spec: Any) -> None:
                          "there; the checkpoint was not committed.")
   record = {"format": _FORMAT, "written_by": "jax_sharding_ext",
             "process": jax.process_index(), "processes": jax.process_count(),
-            "shape": list(grid.shape), "dtype": _dtype_of(t), "chunk_shape": list(grid.chunk),
+            "shape": list(grid.shape), "dtype": dtype, "chunk_shape": list(grid.chunk),
             "checksum": "crc32" if grid.checksummed else None,
             "chunks": dict(zip(keys, crcs, strict=True))}
   await directory.put(RECORD_PREFIX + str(jax.process_index()),
@@ -325,7 +204,7 @@ async def forget_records(specs: Sequence[Any]) -> None:
   """Remove this process's records of `specs`' arrays before they are written
   again (a record of the old chunks would not match the new ones)."""
   async def one(spec):
-    directory = _directory(spec)
+    directory = directory_of(spec)
     if directory is not None:
       await directory.delete(RECORD_PREFIX + str(jax.process_index()))
   await asyncio.gather(*map(one, specs))
@@ -345,8 +224,38 @@ def _damaged(at: str, loc: locations.Location, what: str) -> ValueError:
       "or changed since; restore an earlier checkpoint.")
 
 
-async def _records(directory: _Directory, at: str) -> dict | None:
+# location key -> (file states of its records, the records merged): local
+# records read before and unchanged since are not read again.
+_records_seen: dict[str, tuple[tuple, dict]] = {}
+
+
+def _local_states(loc: locations.Location, n: int) -> tuple | None:
+  try:
+    return tuple(file_state(os.stat(os.path.join(loc.local_dir, RECORD_PREFIX + str(i))))
+                 for i in range(n))
+  except FileNotFoundError:
+    return None
+
+
+async def _records(directory: Directory, at: str) -> dict | None:
   """The records of the array (merged), or None when it has none."""
+  loc = directory.loc
+  seen = _records_seen.get(loc.key) if loc.local_dir is not None else None
+  if seen is not None and _local_states(loc, len(seen[0])) == seen[0]:
+    return seen[1]
+  merged = await _read_records(directory, at)
+  if merged is not None and loc.local_dir is not None:
+    # Remembered with the files' states taken between two equal reads, so a
+    # record changed at any point is read again next time.
+    states = _local_states(loc, merged["processes"])
+    if states is not None and await _read_records(directory, at) == merged:
+      if len(_records_seen) >= CHECKED_LIMIT:
+        _records_seen.clear()
+      _records_seen[loc.key] = (states, merged)
+  return merged
+
+
+async def _read_records(directory: Directory, at: str) -> dict | None:
   first = await directory.get(RECORD_PREFIX + "0")
   if first is None:
     if await directory.any_with_prefix(RECORD_PREFIX):
@@ -397,14 +306,14 @@ async def check_read(spec: Any, t: ts.TensorStore, sharding: jax.sharding.Shardi
   """Raise if the chunks this process reads of the array at `spec` (opened as
   `t`, read onto `sharding` with global shape `shape`) differ from what was
   recorded when it was written. Does nothing for an array without records."""
-  directory = _directory(spec)
+  directory = directory_of(spec)
   if directory is None:
     return
   record = await _records(directory, at)
   if record is None:
     return
-  grid = grid_of(t)
-  stored = (list(grid.shape), _dtype_of(t), list(grid.chunk)) if grid else None
+  grid, dtype = grid_of(t)
+  stored = (list(grid.shape), dtype, list(grid.chunk)) if grid else None
   if stored != (record["shape"], record["dtype"], record["chunk_shape"]):
     raise _damaged(at, directory.loc, f"its metadata (shape, dtype, chunk shape {stored}) "
                    "differs from the recorded "
@@ -416,10 +325,14 @@ async def check_read(spec: Any, t: ts.TensorStore, sharding: jax.sharding.Shardi
     if all(lo < hi for lo, hi in region) or not region:
       regions.append(region)
   chunks = record["chunks"]
-
-  async def one(key: str) -> None:
+  keys = [grid.key(c) for c in grid.cells(regions)]
+  for key in keys:
     if key not in chunks:
       raise _damaged(at, directory.loc, f"no chunk record names its chunk '{key}'")
+  if directory.loc.local_dir is not None:  # stat every chunk here, read only changed ones
+    keys = _unchecked_local(directory.loc, keys, chunks, at)
+
+  async def one(key: str) -> None:
     want = chunks[key]
     if want is None:
       if not await directory.exists(key):
@@ -431,5 +344,22 @@ async def check_read(spec: Any, t: ts.TensorStore, sharding: jax.sharding.Shardi
     if got != want:
       raise _damaged(at, directory.loc, f"its chunk '{key}' has crc32 {got:08x}, but "
                      f"{want:08x} was recorded when it was written")
-  await asyncio.gather(*(one(grid.key(c)) for c in grid.cells(regions)))
+  await asyncio.gather(*map(one, keys))
+
+
+def _unchecked_local(loc: locations.Location, keys: Sequence[str], chunks: dict,
+                     at: str) -> list[str]:
+  """The chunk files of a local directory among `keys` that need their bytes
+  checked (a crc32 recorded, and changed since last checked); a missing one
+  raises."""
+  out = []
+  for key in keys:
+    try:
+      st = os.stat(os.path.join(loc.local_dir, key))
+    except FileNotFoundError:
+      raise _damaged(at, loc, f"its chunk '{key}' is missing") from None
+    want = chunks[key]
+    if want is not None and checked.get((loc.key, key)) != (file_state(st), want):
+      out.append(key)
+  return out
 

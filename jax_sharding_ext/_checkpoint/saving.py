@@ -12,17 +12,19 @@ from typing import Any
 import jax
 from jax.experimental.array_serialization import serialization as _stock
 
-from jax_sharding_ext._checkpoint import checks, integrity, markers, running
+from jax_sharding_ext._checkpoint import checks, integrity, locations, markers, running
 
 
-async def prepare(fn: str, specs: Sequence[dict], choice: str) -> list:
+async def prepare(fn: str, specs: Sequence[dict], choice: str) -> tuple[list, list[bool]]:
   """Check the targets (refusing leaves them intact), then mark them
-  uncommitted; return the opened marker stores."""
+  uncommitted; return the opened marker stores, and for each spec whether
+  nothing was stored there before."""
+  fresh = [locations.new_local_path(s) for s in specs]
   stores, _ = await asyncio.gather(markers.marker_stores(specs),
                                    checks.check_targets(fn, specs, choice))
   await markers.mark(stores, True)
   await integrity.forget_records(specs)
-  return stores
+  return stores, fresh
 
 
 async def save(fn: str, arrs: Sequence[jax.Array], specs: Sequence[dict], choice: str, *,
@@ -30,10 +32,10 @@ async def save(fn: str, arrs: Sequence[jax.Array], specs: Sequence[dict], choice
   """`prepare`, write every array (stock's `run_serialization`, as a
   coroutine) and record its chunks, then, with `commit`, mark the targets
   committed."""
-  stores = await prepare(fn, specs, choice)
+  stores, fresh = await prepare(fn, specs, choice)
   regions = [integrity.written_regions(a) for a in arrs]
   await asyncio.gather(*(_stock.async_serialize(a, s) for a, s in zip(arrs, specs, strict=True)))
-  await integrity.write_records(regions, specs)
+  await integrity.write_records(regions, specs, fresh)
   if commit:
     await markers.mark(stores, False)
 
@@ -44,8 +46,9 @@ class RecordsAfter:
   blocks, `await` waits; the records are written once. The arrays may be
   donated meanwhile (their regions are taken now)."""
 
-  def __init__(self, futures: Sequence[Any], arrs: Sequence[jax.Array], specs: Sequence[dict]):
-    self._futures, self._specs = list(futures), list(specs)
+  def __init__(self, futures: Sequence[Any], arrs: Sequence[jax.Array], specs: Sequence[dict],
+               fresh: Sequence[bool] | None = None):
+    self._futures, self._specs, self._fresh = list(futures), list(specs), fresh
     self._regions = [integrity.written_regions(a) for a in arrs]
     self._lock = threading.Lock()
     self._done = False
@@ -55,7 +58,7 @@ class RecordsAfter:
       if not self._done:
         for f in self._futures:
           f.result()
-        running.run(lambda: integrity.write_records(self._regions, self._specs))
+        running.run(lambda: integrity.write_records(self._regions, self._specs, self._fresh))
         self._done = True
 
   def done(self) -> bool:
@@ -68,5 +71,5 @@ class RecordsAfter:
     for f in self._futures:
       await f
     if not self._done:
-      await integrity.write_records(self._regions, self._specs)
+      await integrity.write_records(self._regions, self._specs, self._fresh)
       self._done = True
