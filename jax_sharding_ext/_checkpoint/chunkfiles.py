@@ -51,11 +51,12 @@ _MAP = ({"flags": mmap.MAP_SHARED | mmap.MAP_POPULATE, "prot": mmap.PROT_READ}
 
 
 def _crc_of_file(path: str) -> tuple[tuple, int]:
-  """(the file's state, the crc32 of its bytes), read without a copy."""
+  """(the file's state, the crc32 of its bytes), a large file read without
+  a copy."""
   with open(path, "rb") as f:
     state = file_state(os.fstat(f.fileno()))
-    if state[1] == 0:
-      return state, crc32(b"")
+    if state[1] <= _INLINE_BYTES:  # mapping costs more than a copy here
+      return state, crc32(f.read())
     with mmap.mmap(f.fileno(), 0, **_MAP) as m:
       return state, crc32(m)
 

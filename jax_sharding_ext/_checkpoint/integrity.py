@@ -157,6 +157,9 @@ def written_regions(arr: jax.Array) -> list[list[tuple[int, int]]]:
   """The regions of `arr` this process writes (its shards of replica 0, as
   stock writes them). Taken when the save starts: the array may be donated
   before its writes are committed."""
+  if arr.is_fully_addressable:  # every distinct shard is this process's (no Shard objects)
+    indices = arr.sharding.addressable_devices_indices_map(arr.shape).values()
+    return [list(r) for r in dict.fromkeys(tuple(region_of(i, arr.shape)) for i in indices)]
   return [region_of(s.index, arr.shape) for s in arr.addressable_shards if s.replica_id == 0]
 
 

@@ -13,6 +13,8 @@ the same location exactly when their resolved kvstores are the same.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -69,8 +71,34 @@ def parsed(spec: Any) -> ts.Spec | None:
 def locate(spec: Any) -> Location | None:
   """The directory of the array `spec` (a dict or `ts.Spec`) names, as
   tensorstore resolves it; None when it names none (no kvstore, or a spec
-  tensorstore refuses)."""
-  s = parsed(spec)
+  tensorstore refuses).
+
+  Only the stored array's driver, kvstore and spec-level path decide it, so
+  for a dict spec those are resolved once (tensorstore parses just them) and
+  remembered: a save or restore asks several times.
+  """
+  base = stored(spec)
+  if isinstance(base, Mapping):
+    try:
+      key = json.dumps([base.get("driver"), base.get("kvstore"), base.get("path")],
+                       sort_keys=True)
+    except (TypeError, ValueError):  # e.g. a `ts.KvStore.Spec` inside: parse it all
+      key = None
+    if key is not None:
+      return _locate_named(key)
+  return _resolve(parsed(spec))
+
+
+@functools.lru_cache(maxsize=4096)
+def _locate_named(key: str) -> Location | None:
+  driver, kvstore, path = json.loads(key)
+  named = {"driver": driver, "kvstore": kvstore}
+  if path is not None:
+    named["path"] = path
+  return _resolve(parsed(named))
+
+
+def _resolve(s: ts.Spec | None) -> Location | None:
   kv = None if s is None else s.kvstore
   if kv is None:
     return None
