@@ -308,7 +308,7 @@ def _scaling_section(path: str, rows: list[dict]) -> list[str]:
   """
   if not any(r.get("curve") for r in rows):
     return []
-  import bench_scaling
+  import scaling_report
 
   out_dir = os.path.dirname(os.path.abspath(path))
   if os.path.abspath(path) == DEFAULT_OUTPUT:
@@ -316,11 +316,11 @@ def _scaling_section(path: str, rows: list[dict]) -> list[str]:
   else:
     png_dir = os.path.splitext(os.path.abspath(path))[0] + "_plots"
   try:
-    written = bench_scaling.plot(rows, png_dir)
+    written = scaling_report.plot(rows, png_dir)
   except ImportError as e:  # matplotlib (extra [bench]) missing: tables only
     print(f"no plots: {e}", file=sys.stderr)
     written = {}
-  return bench_scaling.markdown(rows, {k: os.path.relpath(v, out_dir)
+  return scaling_report.markdown(rows, {k: os.path.relpath(v, out_dir)
                                        for k, v in written.items()})
 
 
