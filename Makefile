@@ -13,7 +13,7 @@ PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | hea
   "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p" || echo "$$p"; } && break; done)
 VENV312 ?= .venv312
 
-.PHONY: install demo test test-default test-jax012 wheel-check docs lint bench notebooks chromium clean
+.PHONY: install demo test test-default test-jax012 wheel-check docs lint typecheck bench notebooks chromium clean
 
 install: $(STAMP)
 
@@ -54,6 +54,7 @@ test: test-default test-jax012 wheel-check docs
 
 test-default: install chromium
 	$(BIN)/python -m ruff check .
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 
 test-jax012: chromium
@@ -64,11 +65,16 @@ test-jax012: chromium
 	  echo "== The suite on $(PYTHON312) (JAX 0.12.x) in $(VENV312)"; \
 	  $(MAKE) --no-print-directory install PYTHON="$(PYTHON312)" VENV=$(VENV312) && \
 	  $(VENV312)/bin/python -c 'import jax; print("jax", jax.__version__)' && \
+	  $(VENV312)/bin/python -m mypy && \
 	  $(VENV312)/bin/python -m pytest -q; \
 	fi
 
 lint: install
 	$(BIN)/python -m ruff check .
+
+# The package's types (pyproject [tool.mypy]); part of make test.
+typecheck: install
+	$(BIN)/python -m mypy
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py

@@ -138,7 +138,8 @@ async def create_async_array_from_callback(
   `data_callback(index)` (an awaitable of host data) per device."""
   shape = canonical_shape(global_shape)
   idx = inp_sharding.devices_indices_map(shape)
-  devices = [d for d in idx if d.process_index == jax.process_index()]
+  mine = inp_sharding.addressable_devices
+  devices = [d for d in idx if d in mine]
   local = await asyncio.gather(*(data_callback(idx[d]) for d in devices))
   dbs = [jax.device_put(x, d) for x, d in zip(local, devices, strict=True)]
   return jax.make_array_from_single_device_arrays(shape, inp_sharding, dbs)
@@ -414,7 +415,9 @@ class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
       _markers.release_paths(getattr(self, "_jse_held_paths", ()), self)
       self._jse_held_paths = []
 
-  @overload
+  # Stock's manager takes only the sharding form; this one also takes the
+  # GDA-era mesh form, so its signature widens stock's.
+  @overload  # type: ignore[override]
   def deserialize(
       self, global_meshes: Sequence[Mesh], mesh_axes: Sequence[MeshAxes],
       tensorstore_specs: Sequence[TensorstoreSpec],

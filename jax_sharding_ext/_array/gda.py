@@ -374,7 +374,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
           f"{len(shards)} local shards.")
     return cast(jax.Array, shards[i].data)  # a local shard always has its data
 
-  def addressable_data(self, index: int) -> jax.Array:
+  def addressable_data(self, index: int) -> Any:  # a single-device `jax.Array`
     """`jax.Array.addressable_data`: `local_data(index)`."""
     return self.local_data(index)
 

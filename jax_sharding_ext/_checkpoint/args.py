@@ -17,7 +17,7 @@ import dataclasses
 import inspect
 import typing
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import tensorstore as ts
 from jax.sharding import Mesh, PartitionSpec, Sharding
@@ -102,7 +102,7 @@ def _kind_of_many(forms: Forms, first: list, named: str, keyword: str | None,
     raise TypeError(f"{forms.both()}; {named} mixes meshes and shardings. Give all meshes "
                     "(with mesh_axes) or all shardings.")
   if kinds:
-    return kinds.pop()
+    return cast(str, kinds.pop())  # None was refused above
   # An empty sequence: the keywords decide, else the number of positionals.
   if keyword is not None:
     return MESH if keyword == forms.names(MESH)[0] else SHARDING
@@ -122,10 +122,11 @@ def bind(forms: Forms, args: tuple, kwargs: dict) -> tuple[str, dict[str, Any]]:
     first = list(first)
     kind = _kind_of_many(forms, first, named, keyword, kwargs, len(args))
   else:
-    kind = _kind(first)
-    if kind is None:
+    found = _kind(first)
+    if found is None:
       raise TypeError(f"{forms.both()}; {named} is a {type(first).__name__}, neither a "
                       "jax.sharding.Mesh nor a jax.sharding.Sharding.")
+    kind = found
   if keyword is not None and keyword != forms.names(kind)[0]:
     what = {(MESH, False): "a Mesh", (SHARDING, False): "a Sharding",
             (MESH, True): "a sequence of meshes", (SHARDING, True): "a sequence of shardings"}
@@ -143,8 +144,8 @@ def bind(forms: Forms, args: tuple, kwargs: dict) -> tuple[str, dict[str, Any]]:
       hint = f" A Sharding carries its mesh axes: drop {stray[0]}, or pass a Mesh first."
     elif stray:
       hint = f" A Mesh goes with mesh_axes: drop {stray[0]}, or pass the Sharding first."
-    what = "a Mesh" if kind == MESH else "a Sharding"
-    raise TypeError(f"{forms.both()}; with {what} first: {e}.{hint}") from None
+    first_is = "a Mesh" if kind == MESH else "a Sharding"
+    raise TypeError(f"{forms.both()}; with {first_is} first: {e}.{hint}") from None
   bound.apply_defaults()
   out = dict(bound.arguments)
   _check_rest(forms, kind, out)

@@ -107,7 +107,8 @@ def checked_arrays(fn: str, arrays: Any, tensorstore_specs: Any,
                      "tensorstore_specs; give one spec per array.")
   out = [_array_to_write(a, where(fn, "arrays", i)) for i, a in enumerate(arrays)]
   multi_process = jax.process_count() > 1
-  full, seen = [], {}
+  full: list[dict] = []
+  seen: dict[Any, int] = {}
   for i, (arr, spec) in enumerate(zip(out, specs, strict=True)):
     at = where(fn, "tensorstore_specs", i)
     if not isinstance(spec, dict):

@@ -81,12 +81,13 @@ class Directory:
 
   def __init__(self, loc: locations.Location):
     self.loc = loc
-    self._store = None
+    self._store: ts.KvStore | None = None
 
   async def store(self) -> ts.KvStore:
-    if self._store is None:
-      self._store = await ts.KvStore.open(self.loc.kvstore, context=TS_CONTEXT)
-    return self._store
+    store = self._store
+    if store is None:
+      store = self._store = await ts.KvStore.open(self.loc.kvstore, context=TS_CONTEXT)
+    return store
 
   async def get(self, key: str) -> bytes | None:
     if self.loc.local_dir is not None:

@@ -39,7 +39,7 @@ import itertools
 import json
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import tensorstore as ts
@@ -111,7 +111,7 @@ def grid_of(t: ts.TensorStore) -> tuple[Grid | None, str]:
   """The chunk grid of the stored array `t` (a 'cast' is seen through; None
   for a driver other than zarr and zarr3) and its dtype name."""
   while getattr(t, "base", None) is not None:
-    t = t.base
+    t = cast(ts.TensorStore, t.base)
   spec = t.spec().to_json()
   return _grid(spec.get("driver"), spec.get("metadata") or {}, tuple(t.shape)), t.dtype.name
 
@@ -145,7 +145,7 @@ def _grid_of_new(spec: Any) -> tuple[Grid | None, str] | None:
   return (grid, parsed.dtype.name) if grid is not None else None
 
 
-def region_of(index: Sequence[slice], shape: Sequence[int]) -> list[tuple[int, int]]:
+def region_of(index: Any, shape: Sequence[int]) -> list[tuple[int, int]]:
   """The (start, stop) per dimension of a shard index of an array of `shape`."""
   return [s.indices(n)[:2] for s, n in zip(index, shape, strict=True)]
 
@@ -233,8 +233,9 @@ _records_seen: dict[str, tuple[tuple, dict]] = {}
 
 
 def _local_states(loc: locations.Location, n: int) -> tuple | None:
+  local_dir = cast(str, loc.local_dir)  # called for local directories only
   try:
-    return tuple(file_state(os.stat(os.path.join(loc.local_dir, RECORD_PREFIX + str(i))))
+    return tuple(file_state(os.stat(os.path.join(local_dir, RECORD_PREFIX + str(i))))
                  for i in range(n))
   except FileNotFoundError:
     return None
@@ -264,7 +265,7 @@ async def _read_records(directory: Directory, at: str) -> dict | None:
     if await directory.any_with_prefix(RECORD_PREFIX):
       raise _damaged(at, directory.loc, f"its chunk record '{RECORD_PREFIX}0' is missing")
     return None
-  records = [first]
+  records: list[bytes | None] = [first]
   try:
     n = _parsed(first)["processes"]
     records += await asyncio.gather(*(directory.get(RECORD_PREFIX + str(i))
@@ -315,20 +316,20 @@ async def check_read(spec: Any, t: ts.TensorStore, sharding: jax.sharding.Shardi
   record = await _records(directory, at)
   if record is None:
     return
-  grid, dtype = grid_of(t)
-  stored = (list(grid.shape), dtype, list(grid.chunk)) if grid else None
-  if stored != (record["shape"], record["dtype"], record["chunk_shape"]):
+  found, dtype = grid_of(t)
+  stored = (list(found.shape), dtype, list(found.chunk)) if found else None
+  if found is None or stored != (record["shape"], record["dtype"], record["chunk_shape"]):
     raise _damaged(at, directory.loc, f"its metadata (shape, dtype, chunk shape {stored}) "
                    "differs from the recorded "
                    f"{(record['shape'], record['dtype'], record['chunk_shape'])}")
   regions = []
   for index in sharding.addressable_devices_indices_map(tuple(shape)).values():
     region = [(max(0, lo), min(hi, n))
-              for (lo, hi), n in zip(region_of(index, shape), grid.shape, strict=True)]
+              for (lo, hi), n in zip(region_of(index, shape), found.shape, strict=True)]
     if all(lo < hi for lo, hi in region) or not region:
       regions.append(region)
   chunks = record["chunks"]
-  keys = [grid.key(c) for c in grid.cells(regions)]
+  keys = [found.key(c) for c in found.cells(regions)]
   for key in keys:
     if key not in chunks:
       raise _damaged(at, directory.loc, f"no chunk record names its chunk '{key}'")
@@ -356,9 +357,10 @@ def _unchecked_local(loc: locations.Location, keys: Sequence[str], chunks: dict,
   checked (a crc32 recorded, and changed since last checked); a missing one
   raises."""
   out = []
+  local_dir = cast(str, loc.local_dir)  # called for local directories only
   for key in keys:
     try:
-      st = os.stat(os.path.join(loc.local_dir, key))
+      st = os.stat(os.path.join(local_dir, key))
     except FileNotFoundError:
       raise _damaged(at, loc, f"its chunk '{key}' is missing") from None
     want = chunks[key]

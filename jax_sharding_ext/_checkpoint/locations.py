@@ -113,7 +113,7 @@ def _resolve(s: ts.Spec | None) -> Location | None:
   return Location(kv, url, None, driver in SHARED_WRITE_DRIVERS, url.rstrip("/"))
 
 
-def reason(e: Exception) -> str:
+def reason(e: BaseException) -> str:
   """tensorstore's error text without the spec it appends (long, and ours)."""
   return str(e).split(" [tensorstore_spec=")[0]
 

@@ -30,6 +30,7 @@ async def read(spec: Any, global_shape: Any, dtype: Any, byte_limiter: Any,
   if len(shape) != t.rank:
     raise ValueError(f"{at}: global_shape {tuple(shape)} has rank {len(shape)}, but "
                      f"the stored array has rank {t.rank} (shape {t.shape}).")
+  sharding: jax.sharding.Sharding
   if isinstance(target, Mesh):
     sharding = NamedSharding(target, layout(shape, target, mesh_axes).spec)
   else:
@@ -39,6 +40,8 @@ async def read(spec: Any, global_shape: Any, dtype: Any, byte_limiter: Any,
       layout(shape, target.mesh, mesh_axes)  # the checks and messages of the mesh form
   # The chunks are checked while they are read; a failed check discards the read.
   before = asyncio.all_tasks()
+  arr: Any
+  checked: Any
   arr, checked = await asyncio.gather(
       _stock.async_deserialize(sharding, spec, tuple(shape), dtype, byte_limiter=byte_limiter),
       integrity.check_read(spec, t, sharding, shape, at), return_exceptions=True)

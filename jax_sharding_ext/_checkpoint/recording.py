@@ -21,7 +21,7 @@ import math
 import os
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -33,7 +33,8 @@ from jax_sharding_ext._transfers.guard import D2H, H2D
 # Between the user's line and a checkpoint call there may be event-loop,
 # thread and orbax frames as well as this package's and JAX's.
 _SKIP = jax_frames.NOT_USER_CODE + tuple(
-    os.path.dirname(m.__file__) + os.sep for m in (asyncio, concurrent.futures)) + (
+    os.path.dirname(cast(str, m.__file__)) + os.sep
+    for m in (asyncio, concurrent.futures)) + (
     threading.__file__,)
 
 
