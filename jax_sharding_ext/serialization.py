@@ -81,8 +81,6 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 
 import jax
 from jax.experimental import multihost_utils as _multihost
-from jax.experimental.array_serialization import serialization as _stock
-from jax.experimental.array_serialization import tensorstore_impl as _ts_impl
 from jax.sharding import Mesh, NamedSharding
 
 from jax_sharding_ext._array.gda import GlobalDeviceArray
@@ -161,7 +159,7 @@ async def create_async_gda_from_callback(
 
 def get_tensorstore_spec(ckpt_path: str):
   """The zarr spec for `ckpt_path` (a local path, or `gs://bucket/path`)."""
-  return _stock.get_tensorstore_spec(ckpt_path)
+  return jax_checkpoint.get_tensorstore_spec(ckpt_path)
 
 
 async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
@@ -181,11 +179,11 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   await _integrity.forget_records([spec])
   if commit_future is None:
     regions = _integrity.written_regions(arr)
-    out = await _stock.async_serialize(arr, spec)
+    out = await jax_checkpoint.async_serialize(arr, spec)
     await _integrity.write_records([regions], [spec], fresh)
   else:
     first = len(commit_future)
-    out = await _stock.async_serialize(arr, spec, commit_future=commit_future)
+    out = await jax_checkpoint.async_serialize(arr, spec, commit_future=commit_future)
     commit_future.append(_saving.RecordsAfter(commit_future[first:], [arr], [spec], fresh))
   _recording.saved([arr], where)
   return out
@@ -225,7 +223,7 @@ def run_serialization(arrays, tensorstore_specs, *, metadata=_GDA_METADATA):
 
 def estimate_read_memory_footprint(t: ts.TensorStore) -> int:
   """Bytes read (whole chunks) to read all of `t`."""
-  return _ts_impl.estimate_read_memory_footprint(t, t.domain)
+  return jax_checkpoint.estimate_read_memory_footprint(t, t.domain)
 
 
 TensorstoreSpec = dict[str, Any] | ts.Spec
@@ -328,11 +326,11 @@ class GlobalAsyncCheckpointManagerBase(metaclass=abc.ABCMeta):
     dtypes=None)` (JAX 0.3.22 to 0.4.x)."""
 
 
-AsyncManager = _stock.AsyncManager
+AsyncManager = jax_checkpoint.AsyncManager
 
 
 class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
-                                   _stock.GlobalAsyncCheckpointManager,
+                                   jax_checkpoint.StockCheckpointManager,
                                    GlobalAsyncCheckpointManagerBase):
   """Checkpoints GDAs (and `jax.Array`s) asynchronously through TensorStore.
 

@@ -12,11 +12,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental.array_serialization import serialization as _stock
 
 from jax_sharding_ext._jax import checkpoint as jax_checkpoint
 
-TS_CONTEXT = _stock.TS_CONTEXT
+TS_CONTEXT = jax_checkpoint.TS_CONTEXT
 spec_has_metadata = jax_checkpoint.spec_has_metadata
 
 GDA_METADATA = "gda_serialization"

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-from jax.experimental.array_serialization import serialization as _stock
 
 from jax_sharding_ext._checkpoint import checks, integrity, locations, markers, running
+from jax_sharding_ext._jax import checkpoint as jax_checkpoint
 
 
 async def prepare(fn: str, specs: Sequence[dict], choice: str) -> tuple[list, list[bool]]:
@@ -34,7 +34,7 @@ async def save(fn: str, arrs: Sequence[jax.Array], specs: Sequence[dict], choice
   committed."""
   stores, fresh = await prepare(fn, specs, choice)
   regions = [integrity.written_regions(a) for a in arrs]
-  await asyncio.gather(*(_stock.async_serialize(a, s) for a, s in zip(arrs, specs, strict=True)))
+  await asyncio.gather(*(jax_checkpoint.async_serialize(a, s) for a, s in zip(arrs, specs, strict=True)))
   await integrity.write_records(regions, specs, fresh)
   if commit:
     await markers.mark(stores, False)

@@ -1,15 +1,23 @@
-"""The private names of `jax.experimental.array_serialization` that the
-GDA-era checkpoint format needs.
+"""Every use of stock `jax.experimental.array_serialization`: the functions
+the package's checkpoints are built on (the coroutines that write and read
+one array, the spec of a path, the manager it subclasses), and the private
+names the GDA-era checkpoint format needs.
 
-Touches: `serialization._CHECKPOINT_SUCCESS`, `serialization._LimitInFlightBytes`,
+Touches: `serialization.async_serialize` / `async_deserialize` /
+`get_tensorstore_spec` / `TS_CONTEXT` / `AsyncManager` /
+`GlobalAsyncCheckpointManager`, `tensorstore_impl.estimate_read_memory_footprint`,
+`serialization._CHECKPOINT_SUCCESS`, `serialization._LimitInFlightBytes`,
 `tensorstore_impl._spec_has_metadata`, `tensorstore_impl._get_tensorstore_metadata`,
 `tensorstore_impl._TS_CHUNK_LAYOUT`, and overrides `AsyncManager._add_futures`
 (`ExtraCommitFutures`). Checked against JAX 0.10.2 (Python 3.11) and
 0.12.0.1 (Python 3.12). Imported only by `jax_sharding_ext.serialization`
 and its `_checkpoint/` helpers (tensorstore is an optional extra).
 
-What breaks first when JAX changes: one of these names moving; the import of
-`jax_sharding_ext.serialization` then fails naming it.
+What breaks first when JAX changes: one of these names moving, or the
+signatures of `async_serialize(arr, spec, commit_future=None)` and
+`async_deserialize(sharding, spec, global_shape, dtype, byte_limiter=None)`;
+the import of `jax_sharding_ext.serialization` then fails naming the name,
+or the checkpoint tests fail naming the call.
 """
 
 from __future__ import annotations
@@ -19,6 +27,17 @@ from jax.experimental.array_serialization import serialization as _stock
 from jax.experimental.array_serialization import tensorstore_impl as _ts_impl
 
 from jax_sharding_ext._jax import UnsupportedJaxVersionError
+
+async_serialize = _stock.async_serialize
+"""Write this process's shards of one `jax.Array`: `(arr, spec, commit_future=None)`."""
+async_deserialize = _stock.async_deserialize
+"""Read one array: `(sharding, spec, global_shape, dtype, byte_limiter=None)`."""
+get_tensorstore_spec = _stock.get_tensorstore_spec
+TS_CONTEXT = _stock.TS_CONTEXT
+AsyncManager = _stock.AsyncManager
+StockCheckpointManager = _stock.GlobalAsyncCheckpointManager
+"""The manager `serialization.GlobalAsyncCheckpointManager` extends."""
+estimate_read_memory_footprint = _ts_impl.estimate_read_memory_footprint
 
 try:
   CHECKPOINT_SUCCESS = _stock._CHECKPOINT_SUCCESS
