@@ -49,6 +49,7 @@ import tempfile
 import _common  # first: sets XLA_FLAGS (8 CPU devices) before JAX starts
 import jax
 import numpy as np
+from _targets import Target, at_least, at_most, ratio
 from jax.experimental.array_serialization import serialization as stock
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -201,6 +202,30 @@ def main() -> None:
   args = ap.parse_args()
   _common.print_environment()
   run(reps=args.reps, mib=args.mib, directory=args.dir)
+
+
+def targets() -> list[Target]:
+  formats = (("gzip", "GDA-era metadata (gzip, the default)"), ("zstd", "stock metadata (zstd)"))
+  after = "checkpoint restore after the files changed, 256 MiB float32 over 8 devices"
+  ours_read = "serialization.run_deserialization (GDA)"
+  return [
+      at_least("checkpoint save, 256 MiB over 8 devices: GDA / stock jax.Array (GB/s)",
+               ratio("checkpoint save", "serialization.run_serialization (GDA)",
+                     "stock run_serialization"), 0.95, "{:.2f}x"),
+      at_least("checkpoint restore, 256 MiB over 8 devices: GDA / stock jax.Array (GB/s)",
+               ratio("checkpoint restore", ours_read, "stock run_deserialization"), 0.95,
+               "{:.2f}x"),
+      *(at_least(f"checkpoint restore after the files changed, 256 MiB, {fmt}: GDA (chunks "
+                 "checked) / stock jax.Array (GB/s)",
+                 ratio(f"{after}, {kind}", ours_read, "stock run_deserialization"), 0.95,
+                 "{:.3f}x") for fmt, kind in formats),
+      *(at_most(f"checkpoint restore after the files changed, 256 MiB, {fmt}: time with the "
+                "chunk check / without (checked vs unchecked restore)",
+                ratio(f"{after}, {kind}", "serialization, chunk record removed (unchecked)",
+                      ours_read), 1.05, "{:.3f}x",
+                "zstd: a crc32 pass over every chunk read, competing for the cores with "
+                "tensorstore's reads") for fmt, kind in formats),
+  ]
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ import sys
 import _common  # first: sets XLA_FLAGS (8 CPU devices) before JAX starts
 import jax
 import numpy as np
+from _targets import Target, at_least, at_most, ratio
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -252,10 +253,6 @@ def first_view(n: int = 500) -> list[dict]:
   return rows
 
 
-def targets() -> list[tuple[str, str, str | None, float]]:
-  """(benchmark title, variant, base variant or None, the largest ratio, or
-  without a base the largest median in the row's unit)."""
-  return [("first view of a fresh GDA, 64 devices", FIRST_VIEW, None, 10.0)]
 
 
 def main() -> None:
@@ -276,6 +273,24 @@ def main() -> None:
     return
   _common.print_environment()
   run(reps=args.reps, mib=args.mib, warmup=args.warmup, fresh_process=not args.in_process)
+
+
+def targets() -> list[Target]:
+  title = "construction throughput"
+  where = "see \"Where the time goes\" in benchmarks/bench_construction.py"
+  return [
+      at_least("construction throughput: from_callback / make_array_from_callback",
+               ratio(title, GDA, STOCK), 0.95, "{:.2f}x"),
+      at_least("construction throughput, donation intact: from_callback / "
+               "make_array_from_callback", ratio(title, GDA, STOCK), 1.15, "{:.2f}x", where),
+      at_least("construction throughput: from_callback / numpy copy (physical limit)",
+               ratio(title, GDA, COPY), 0.5, "{:.2f}x", where),
+      Target("(reference) construction throughput: stock make_array_from_callback / "
+             "numpy copy", "-", ratio(title, STOCK, COPY), "{:.2f}x", None),
+      at_most(f"first view of a fresh GDA, 64 devices: {FIRST_VIEW}",
+              lambda r: r.median("first view of a fresh GDA, 64 devices", FIRST_VIEW), 10,
+              "{:.2f} us"),
+  ]
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Run: .venv/bin/python benchmarks/bench_dispatch.py
 import _common  # first: sets XLA_FLAGS before JAX starts
 import jax
 import numpy as np
+from _targets import Target, at_most, ratio
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -112,6 +113,27 @@ def _cache_rows(title: str, f, call, calls: int = 500) -> list[dict]:
   return [{"benchmark": title, "variant": f"cache entries added by {calls} calls",
            "median": float(after - before), "unit": "entries", "ratio": float("nan"),
            "base": "-"}]
+
+
+def targets() -> list[Target]:
+  out = [Target(f"shared buffers, {n_dev} device(s), {case}: C++ cache entries added by "
+                "500 calls", "0",
+                lambda r, t=f"shared buffers, {n_dev} device(s), {case}":
+                r.median(t, "cache entries added by 500 calls"), "{:.0f}", lambda v: v == 0)
+         for n_dev in (1, 8) for case in ("no donation", "donating step")]
+  out += [at_most(f"dispatch, {n_dev} device(s), {case}: GDA / jax.Array",
+                  ratio(f"dispatch, {n_dev} device(s), {case}", "GlobalDeviceArray",
+                        "jax.Array"), limit, "{:.2f}x")
+          for n_dev, limit in ((1, 1.3), (8, 1.1))
+          for case in ("1 arg(s)", "10 arg(s)", "output flag on")]
+  out += [at_most(f"shared buffers, {n_dev} device(s), {case}: {variant} / sole owner",
+                  ratio(f"shared buffers, {n_dev} device(s), {case}", variant, "sole owner"),
+                  1.15, "{:.2f}x")
+          for n_dev in (1, 8)
+          for case, variant in (("no donation", "made from a kept jax.Array"),
+                                ("no donation", "to_jax_array() kept"),
+                                ("donating step", "batch made from a kept jax.Array"))]
+  return out
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import _common  # before jax: sets XLA_FLAGS (8 CPU devices)
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _targets import Target, at_most, ratio
 from jax.sharding import NamedSharding
 
 import jax_sharding_ext as jse
@@ -108,6 +109,17 @@ def main() -> None:
   args = ap.parse_args()
   _common.print_environment()
   run(steps=args.steps, mib=args.mib)
+
+
+def targets() -> list[Target]:
+  title = "donation: peak live bytes"
+  return [
+      at_most("peak live bytes: GDA+donation / jax.Array+donation",
+              ratio(title, "GDA, donate=True", "jax.Array, donate=True"), 1.05, "{:.3f}x"),
+      Target("peak live bytes: GDA+donation / GDA without donation", "about 0.5x (0.45-0.55)",
+             ratio(title, "GDA, donate=True", "GDA, donate=False"), "{:.3f}x",
+             lambda v: abs(v - 0.5) <= 0.05),
+  ]
 
 
 if __name__ == "__main__":

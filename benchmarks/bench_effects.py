@@ -55,6 +55,7 @@ import _common  # first: sets XLA_FLAGS (8 CPU devices) before JAX starts
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _targets import Target, at_most, ratio
 from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -188,6 +189,23 @@ def main() -> None:
   args = parser.parse_args()
   _common.print_environment()
   run(calls=args.calls, rounds=args.rounds)
+
+
+def targets() -> list[Target]:
+  title = "ordered effects"
+  return [
+      at_most("2 ordered `jax.debug.callback` / 2 ordered `io_callback`, 8 devices, per call",
+              ratio(title, "debug.callback x2 (ordered)", "io_callback x2 (ordered)"), 1.2,
+              "{:.2f}x"),
+      at_most("2 ordered `jax.debug.callback` / 2 ordered `io_callback` with stock JAX's "
+              "tokens, 8 devices, per call",
+              ratio(title, "debug.callback x2 (ordered)",
+                    "io_callback x2 (ordered), stock tokens"), 0.8, "{:.2f}x",
+              "see the docstring of benchmarks/bench_effects.py"),
+      at_most("2 sharded_callback / 2 ordered io_callback in shard_map, 8 devices, per call",
+              ratio("per-shard callbacks", "sharded_callback x2",
+                    "io_callback x2 in shard_map (ordered)"), 1.2, "{:.2f}x"),
+  ]
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import _common
+from _targets import Target, at_most
 
 JAX = "import jax"
 EXT = "import jax; import jax_sharding_ext"
@@ -47,6 +48,13 @@ def main() -> None:
   args = ap.parse_args()
   _common.print_environment()
   run(runs=args.runs)
+
+
+def targets() -> list[Target]:
+  return [at_most("import time added by `import jax_sharding_ext` to `import jax`",
+                  lambda r: 100 * (r.median("import time", "import jax; import jax_sharding_ext")
+                                   / r.median("import time", "import jax") - 1),
+                  10, "{:.1f}%")]
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import argparse
 import _common  # first: sets XLA_FLAGS (8 CPU devices) before JAX starts
 import jax
 import numpy as np
+from _targets import Target, at_most, ratio
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -91,9 +92,11 @@ def run(n: int = 300) -> list[dict]:
   return rows
 
 
-def targets() -> list[tuple[str, str, str, float]]:
-  """(benchmark title, variant, base variant, the largest ratio allowed)."""
-  return [(_title(n_dev, flag), variant, JIT_GDA, TARGET)
+
+
+def targets() -> list[Target]:
+  return [at_most(f"{_title(n_dev, flag)}: {variant} / {JIT_GDA}",
+                  ratio(_title(n_dev, flag), variant, JIT_GDA), TARGET, "{:.2f}x")
           for n_dev in (1, 8) for flag in (False, True)
           for variant in ("pjit(FROM_GDA)", "pjit(specs)")]
 

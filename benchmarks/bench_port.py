@@ -30,6 +30,7 @@ import tempfile
 import time
 
 import _common  # environment first (sets XLA_FLAGS)
+from _targets import Target, at_most
 
 _SCRIPT = '''\
 import jax
@@ -152,6 +153,20 @@ def main() -> None:
   args = ap.parse_args()
   _common.print_environment()
   run(runs=args.runs)
+
+
+def targets() -> list[Target]:
+  title = "porting assistant, 1 MB files"
+  out = [at_most(f"porting assistant, {variant} (fresh process)",
+                 lambda r, v=variant: r.median(title, v), limit, "{:.2f} s")
+         for variant, limit in (("1 MB GDA-era file, --write", 10),
+                                ("1 MB GDA-era file, check", 10),
+                                ("1 MB file without jax, check", 2))]
+  out.append(Target("porting assistant, peak memory on a 1 MB GDA-era file, --write "
+                    "(reference)", "-",
+                    lambda r: r.median("porting assistant, peak memory",
+                                       "1 MB GDA-era file, --write"), "{:.0f} MiB", None))
+  return out
 
 
 if __name__ == "__main__":

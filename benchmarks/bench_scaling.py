@@ -68,6 +68,7 @@ import time
 import _common  # first: sets XLA_FLAGS before JAX starts (children set their own)
 import jax
 import numpy as np
+from _targets import Target, at_least, at_most, worst
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -511,6 +512,37 @@ def main() -> None:
     from scaling_report import plot
     for path in plot(rows, args.plots).values():
       print(f"wrote {path}")
+
+
+def targets() -> list[Target]:
+  from _targets import curve
+
+  cases = [f"flag {f}, {d}" for f in ("off", "on") for d in ("not donated", "donated")]
+  out = [at_most(f"jit dispatch, 1-1,000 (4, 4) leaves, {c}: GDA / jax.Array, worst point",
+                 worst("dispatch", GDA, c), 1.15, "{:.2f}x") for c in cases]
+
+  def growth(r) -> float:
+    """Worst, over the dispatch cases, of GDA's time ratio at 1,000 leaves / at 100."""
+    found = {x["case"] for x in r.rows if x.get("curve") == "dispatch"}
+    if not found:
+      raise KeyError("dispatch")
+    return max(curve(r, "dispatch", c)[1000]["ratio"] / curve(r, "dispatch", c)[100]["ratio"]
+               for c in found)
+  out.append(at_most("jit dispatch per-leaf cost flat: GDA/jax.Array ratio at 1,000 leaves / "
+                     "at 100, worst case", growth, 1.10, "{:.2f}x"))
+  out += [at_least(f"{name}, 1-512 devices, 2 MiB: throughput / make_array_from_callback, "
+                   "worst point", worst("construction", f"GlobalDeviceArray.{name}", pick=min),
+                   0.95, "{:.2f}x") for name in ("from_callback", "from_batched_callback")]
+  out.append(Target("layout picture (`_repr_html_`), 512 shards", "< 50 ms",
+                    lambda r: curve(r, "picture", variant="GlobalDeviceArray._repr_html_")
+                    [512]["median"], "{:.1f} ms", lambda v: v < 50))
+  out += [Target(f"implicit fetch / guarded reshard, 1-512 shards: {c}, GDA / {STOCK}, worst "
+                 "point (reference)", "-", worst("transfers", GDA, c), "{:.2f}x", None)
+          for c in ("implicit fetch", "guarded reshard")]
+  out += [at_least(f"checkpoint {what}, 1 MiB-1 GiB over 8 devices: GDA / stock (same format), "
+                   "worst point", worst("checkpoint", case=what, pick=min), 0.95, "{:.2f}x")
+          for what in ("save", "restore")]
+  return out
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import argparse
 import _common  # first: sets XLA_FLAGS (8 CPU devices) before JAX starts
 import jax
 import numpy as np
+from _targets import Target, at_most, ratio
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -84,6 +85,13 @@ def run(n: int = 300) -> list[dict]:
           f"training loop, {n_dev} device(s), {LEAVES} donated leaves, {size} "
           f"({nbytes / 2 ** 20:.2f} MiB)", res, "jax.Array")
   return rows
+
+
+def targets() -> list[Target]:
+  return [at_most(f"training loop, {d} device(s), 20 donated leaves, {size}: GDA / jax.Array",
+                  ratio(f"training loop, {d} device(s), 20 donated leaves, {size}",
+                        "GlobalDeviceArray", "jax.Array"), 1.10, "{:.2f}x")
+          for d in (1, 8) for size in ("big", "small")]
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 import _common  # first: sets XLA_FLAGS before JAX starts
 import jax
 import numpy as np
+from _targets import Target, at_most, difference
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -156,6 +157,29 @@ def _ledger_rows(mesh, shape, n: int, warmup: int) -> list[dict]:
 
 IDLE, BUSY = "GDA fetch, no ledger open", "GDA fetch in its own ledger"
 ADDED = "added by the ledger (median of paired differences)"
+
+
+def targets() -> list[Target]:
+  guard = "guard check on a GDA implicit fetch"
+  fetch = "implicit fetch of a fresh (8, 2) float32 array, 1 device"
+  ledger = "ledger on a GDA implicit fetch"
+  return [
+      at_most("guard check added to a GDA implicit fetch (move excluded)",
+              difference(guard, "guard check + no-op move", "no-op move"), 2, "{:.2f} us"),
+      at_most("inactive ledger check, added per operation",
+              difference(guard, "inactive ledger check", "no-op move"), 2, "{:.2f} us"),
+      at_most("whole GDA implicit fetch vs jax.Array's, (8, 2), 1 device, added",
+              difference(fetch, "GlobalDeviceArray np.asarray", "jax.Array np.asarray"), 2,
+              "{:.2f} us"),
+      at_most("open ledger, added per recorded transfer (enter + record + exit)",
+              difference(ledger, "GDA fetch in its own ledger", "GDA fetch, no ledger open"),
+              15, "{:.2f} us"),
+      *(at_most(f"open ledger, added per recorded transfer, {case} (enter + record + exit; "
+                "median of paired differences)",
+                lambda r, t=f"{ledger}, {case}": r.median(
+                    t, "added by the ledger (median of paired differences)"), 10, "{:.2f} us")
+        for case in ("(8, 2), 1 device", "(8, 8), 8 devices")),
+  ]
 
 
 if __name__ == "__main__":

@@ -22,10 +22,9 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import _common  # first: sets XLA_FLAGS (8 CPU devices) before JAX starts
+from _targets import Rows, Target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUTPUT = os.path.join(HERE, "RESULTS.md")
@@ -45,245 +44,6 @@ BENCHES: list[tuple[str, dict, dict]] = [
     ("bench_pjit", {"n": 400}, {"n": 50}),
     ("bench_import", {"runs": 21}, {"runs": 5}),
     ("bench_port", {"runs": 5}, {"runs": 1}),
-]
-
-
-# ---------------------------------------------------------------------------
-# Targets: each reads medians from the rows, by benchmark-title prefix and
-# variant name.
-# ---------------------------------------------------------------------------
-
-
-class _Rows:
-  def __init__(self, rows: list[dict]):
-    self.rows = rows
-
-  def median(self, title_prefix: str, variant: str) -> float:
-    for r in self.rows:
-      if r["benchmark"].startswith(title_prefix) and r["variant"] == variant:
-        return r["median"]
-    raise KeyError(f"{title_prefix!r} / {variant!r}")
-
-
-@dataclass
-class Target:
-  what: str
-  goal: str
-  measure: Callable[[_Rows], float]
-  fmt: str
-  ok: Callable[[float], bool] | None  # None: a reference number, not a target
-  note: str = ""  # shown when missed
-
-
-_CHECK_FORMATS = (("gzip", "GDA-era metadata (gzip, the default)"),
-                  ("zstd", "stock metadata (zstd)"))
-
-
-def _ratio(title, num, den):
-  return lambda r: r.median(title, num) / r.median(title, den)
-
-
-def _dispatch(n_dev: int, case: str, limit: float) -> Target:
-  return Target(f"dispatch, {n_dev} device(s), {case}: GDA / jax.Array",
-                f"<= {limit}x", _ratio(f"dispatch, {n_dev} device(s), {case}",
-                                      "GlobalDeviceArray", "jax.Array"),
-                "{:.2f}x", lambda v, limit=limit: v <= limit)
-
-
-def _shared(n_dev: int, case: str, variant: str) -> Target:
-  return Target(f"shared buffers, {n_dev} device(s), {case}: {variant} / sole owner",
-                "<= 1.15x", _ratio(f"shared buffers, {n_dev} device(s), {case}",
-                                  variant, "sole owner"),
-                "{:.2f}x", lambda v: v <= 1.15)
-
-
-def _ledger_added(title: str) -> Callable[[_Rows], float]:
-  return lambda r: r.median(title, "added by the ledger (median of paired differences)")
-
-
-def _ledger_targets() -> list[Target]:
-  return [Target(f"open ledger, added per recorded transfer, {case} (enter + record "
-                 "+ exit; median of paired differences)", "<= 10 us",
-                 _ledger_added(f"ledger on a GDA implicit fetch, {case}"), "{:.2f} us",
-                 lambda v: v <= 10)
-          for case in ("(8, 2), 1 device", "(8, 8), 8 devices")]
-
-
-def _curve(r: _Rows, curve: str, case: str | None = None, variant: str | None = None
-           ) -> dict[int, dict]:
-  """`{x: row}` of one scaling curve's variant (its first non-base one by default)."""
-  rows = [x for x in r.rows if x.get("curve") == curve and (case is None or x["case"] == case)]
-  variant = variant or next(x["variant"] for x in rows if x["variant"] != x["base"])
-  return {x["x"]: x for x in rows if x["variant"] == variant}
-
-
-def _worst(curve: str, variant: str | None = None, case: str | None = None, worst=max):
-  """The worst ratio over a curve's points (max for times, min for throughputs)."""
-  def measure(r: _Rows) -> float:
-    points = _curve(r, curve, case, variant)
-    if not points:
-      raise KeyError(curve)
-    return worst(p["ratio"] for p in points.values())
-  return measure
-
-
-def _growth(r: _Rows) -> float:
-  """Worst, over the dispatch cases, of GDA's time ratio at 1,000 leaves / at 100."""
-  cases = {x["case"] for x in r.rows if x.get("curve") == "dispatch"}
-  if not cases:
-    raise KeyError("dispatch")
-  return max(_curve(r, "dispatch", c)[1000]["ratio"] / _curve(r, "dispatch", c)[100]["ratio"]
-             for c in cases)
-
-
-def _scaling_targets() -> list[Target]:
-  """The scaling curves of benchmarks/bench_scaling.py (tables in the report)."""
-  gda, stock = "GlobalDeviceArray", "jax.Array"
-  cases = [f"flag {f}, {d}" for f in ("off", "on") for d in ("not donated", "donated")]
-  out = [Target(f"jit dispatch, 1-1,000 (4, 4) leaves, {c}: GDA / jax.Array, worst "
-                "point", "<= 1.15x", _worst("dispatch", gda, c), "{:.2f}x", lambda v: v <= 1.15)
-         for c in cases]
-  out.append(Target("jit dispatch per-leaf cost flat: GDA/jax.Array ratio at 1,000 "
-                    "leaves / at 100, worst case", "<= 1.10x", _growth, "{:.2f}x",
-                    lambda v: v <= 1.10))
-  out += [Target(f"{name}, 1-512 devices, 2 MiB: throughput / "
-                 "make_array_from_callback, worst point", ">= 0.95x",
-                 _worst("construction", f"GlobalDeviceArray.{name}", worst=min), "{:.2f}x",
-                 lambda v: v >= 0.95)
-          for name in ("from_callback", "from_batched_callback")]
-  out.append(Target("layout picture (`_repr_html_`), 512 shards", "< 50 ms",
-                    lambda r: _curve(r, "picture", variant="GlobalDeviceArray._repr_html_")
-                    [512]["median"], "{:.1f} ms", lambda v: v < 50))
-  out += [Target(f"implicit fetch / guarded reshard, 1-512 shards: {c}, GDA / "
-                 f"{stock}, worst point (reference)", "-", _worst("transfers", gda, c),
-                 "{:.2f}x", None) for c in ("implicit fetch", "guarded reshard")]
-  out += [Target(f"checkpoint {what}, 1 MiB-1 GiB over 8 devices: GDA / stock "
-                 "(same format), worst point", ">= 0.95x",
-                 _worst("checkpoint", case=what, worst=min), "{:.2f}x", lambda v: v >= 0.95)
-          for what in ("save", "restore")]
-  return out
-
-
-_GUARD = "guard check on a GDA implicit fetch"
-_FETCH1 = "implicit fetch of a fresh (8, 2) float32 array, 1 device"
-_DONATION = "donation: peak live bytes"
-_CONSTRUCTION = "construction throughput"
-
-TARGETS: list[Target] = [
-    Target("2 ordered `jax.debug.callback` / 2 ordered `io_callback`, 8 devices, per call",
-           "<= 1.2x", _ratio("ordered effects", "debug.callback x2 (ordered)",
-                             "io_callback x2 (ordered)"),
-           "{:.2f}x", lambda v: v <= 1.2),
-    Target("2 ordered `jax.debug.callback` / 2 ordered `io_callback` with stock JAX's "
-           "tokens, 8 devices, per call", "<= 0.8x",
-           _ratio("ordered effects", "debug.callback x2 (ordered)",
-                  "io_callback x2 (ordered), stock tokens"),
-           "{:.2f}x", lambda v: v <= 0.8,
-           "see the docstring of benchmarks/bench_effects.py"),
-    Target("guard check added to a GDA implicit fetch (move excluded)", "< 2 us",
-           lambda r: r.median(_GUARD, "guard check + no-op move") - r.median(_GUARD, "no-op move"),
-           "{:.2f} us", lambda v: v < 2),
-    Target("inactive ledger check, added per operation", "< 2 us",
-           lambda r: r.median(_GUARD, "inactive ledger check") - r.median(_GUARD, "no-op move"),
-           "{:.2f} us", lambda v: v < 2),
-    Target("whole GDA implicit fetch vs jax.Array's, (8, 2), 1 device, added", "< 2 us",
-           lambda r: (r.median(_FETCH1, "GlobalDeviceArray np.asarray")
-                      - r.median(_FETCH1, "jax.Array np.asarray")),
-           "{:.2f} us", lambda v: v < 2),
-    Target("peak live bytes: GDA+donation / jax.Array+donation", "<= 1.05x",
-           _ratio(_DONATION, "GDA, donate=True", "jax.Array, donate=True"),
-           "{:.3f}x", lambda v: v <= 1.05),
-    Target("peak live bytes: GDA+donation / GDA without donation", "about 0.5x (0.45-0.55)",
-           _ratio(_DONATION, "GDA, donate=True", "GDA, donate=False"),
-           "{:.3f}x", lambda v: abs(v - 0.5) <= 0.05),
-    *(Target(f"shared buffers, {n_dev} device(s), {case}: C++ cache entries added by "
-             "500 calls", "0", lambda r, t=f"shared buffers, {n_dev} device(s), {case}":
-             r.median(t, "cache entries added by 500 calls"), "{:.0f}", lambda v: v == 0)
-      for n_dev in (1, 8) for case in ("no donation", "donating step")),
-    _dispatch(1, "1 arg(s)", 1.3),
-    _dispatch(1, "10 arg(s)", 1.3),
-    _dispatch(1, "output flag on", 1.3),
-    _dispatch(8, "1 arg(s)", 1.1),
-    _dispatch(8, "10 arg(s)", 1.1),
-    _dispatch(8, "output flag on", 1.1),
-    *(_shared(n_dev, case, variant) for n_dev in (1, 8)
-      for case, variant in (("no donation", "made from a kept jax.Array"),
-                            ("no donation", "to_jax_array() kept"),
-                            ("donating step", "batch made from a kept jax.Array"))),
-    Target("construction throughput: from_callback / make_array_from_callback", ">= 0.95x",
-           _ratio(_CONSTRUCTION, "GlobalDeviceArray.from_callback",
-                  "jax.make_array_from_callback"),
-           "{:.2f}x", lambda v: v >= 0.95),
-    Target("construction throughput, donation intact: from_callback / "
-           "make_array_from_callback", ">= 1.15x",
-           _ratio(_CONSTRUCTION, "GlobalDeviceArray.from_callback",
-                  "jax.make_array_from_callback"),
-           "{:.2f}x", lambda v: v >= 1.15,
-           "see \"Where the time goes\" in benchmarks/bench_construction.py"),
-    Target("construction throughput: from_callback / numpy copy (physical limit)",
-           ">= 0.5x (within 2x)",
-           _ratio(_CONSTRUCTION, "GlobalDeviceArray.from_callback",
-                  "numpy copy (physical limit)"),
-           "{:.2f}x", lambda v: v >= 0.5,
-           "see \"Where the time goes\" in benchmarks/bench_construction.py"),
-    Target("(reference) construction throughput: stock make_array_from_callback / "
-           "numpy copy", "-",
-           _ratio(_CONSTRUCTION, "jax.make_array_from_callback",
-                  "numpy copy (physical limit)"),
-           "{:.2f}x", None),
-    Target("checkpoint save, 256 MiB over 8 devices: GDA / stock jax.Array (GB/s)",
-           ">= 0.95x", _ratio("checkpoint save", "serialization.run_serialization (GDA)",
-                              "stock run_serialization"),
-           "{:.2f}x", lambda v: v >= 0.95),
-    Target("checkpoint restore, 256 MiB over 8 devices: GDA / stock jax.Array (GB/s)",
-           ">= 0.95x", _ratio("checkpoint restore", "serialization.run_deserialization (GDA)",
-                              "stock run_deserialization"),
-           "{:.2f}x", lambda v: v >= 0.95),
-    *[Target(f"checkpoint restore after the files changed, 256 MiB, {fmt}: GDA (chunks "
-             "checked) / stock jax.Array (GB/s)", ">= 0.95x",
-             _ratio(f"checkpoint restore after the files changed, 256 MiB float32 over 8 "
-                    f"devices, {kind}", "serialization.run_deserialization (GDA)",
-                    "stock run_deserialization"),
-             "{:.3f}x", lambda v: v >= 0.95)
-      for fmt, kind in _CHECK_FORMATS],
-    *[Target(f"checkpoint restore after the files changed, 256 MiB, {fmt}: time with the "
-             "chunk check / without (checked vs unchecked restore)", "<= 1.05x",
-             _ratio(f"checkpoint restore after the files changed, 256 MiB float32 over 8 "
-                    f"devices, {kind}", "serialization, chunk record removed (unchecked)",
-                    "serialization.run_deserialization (GDA)"),
-             "{:.3f}x", lambda v: v <= 1.05,
-             "zstd: a crc32 pass over every chunk read, competing for the cores with "
-             "tensorstore's reads")
-      for fmt, kind in _CHECK_FORMATS],
-    Target("2 sharded_callback / 2 ordered io_callback in shard_map, 8 devices, per call",
-           "<= 1.2x", _ratio("per-shard callbacks", "sharded_callback x2",
-                             "io_callback x2 in shard_map (ordered)"),
-           "{:.2f}x", lambda v: v <= 1.2),
-    Target("open ledger, added per recorded transfer (enter + record + exit)", "<= 15 us",
-           lambda r: (r.median("ledger on a GDA implicit fetch", "GDA fetch in its own ledger")
-                      - r.median("ledger on a GDA implicit fetch", "GDA fetch, no ledger open")),
-           "{:.2f} us", lambda v: v <= 15),
-    *[Target(f"training loop, {d} device(s), 20 donated leaves, {size}: GDA / jax.Array",
-             "<= 1.10x", _ratio(f"training loop, {d} device(s), 20 donated leaves, {size}",
-                                "GlobalDeviceArray", "jax.Array"),
-             "{:.2f}x", lambda v: v <= 1.10)
-      for d in (1, 8) for size in ("big", "small")],
-    Target("import time added by `import jax_sharding_ext` to `import jax`", "< 10%",
-           lambda r: 100 * (r.median("import time", "import jax; import jax_sharding_ext")
-                            / r.median("import time", "import jax") - 1),
-           "{:.1f}%", lambda v: v < 10),
-    *_ledger_targets(),
-    *(Target(f"porting assistant, {what} (fresh process)", f"<= {limit:g} s",
-             lambda r, v=variant: r.median("porting assistant, 1 MB files", v), "{:.2f} s",
-             lambda v, limit=limit: v <= limit)
-      for what, variant, limit in (
-          ("1 MB GDA-era file, --write", "1 MB GDA-era file, --write", 10),
-          ("1 MB GDA-era file, check", "1 MB GDA-era file, check", 10),
-          ("1 MB file without jax", "1 MB file without jax, check", 2))),
-    Target("porting assistant, peak memory on a 1 MB GDA-era file, --write (reference)", "-",
-           lambda r: r.median("porting assistant, peak memory", "1 MB GDA-era file, --write"),
-           "{:.0f} MiB", None),
-    *_scaling_targets(),
 ]
 
 
@@ -324,31 +84,17 @@ def _scaling_section(path: str, rows: list[dict]) -> list[str]:
                                        for k, v in written.items()})
 
 
-def _module_targets() -> list[Target]:
-  """The targets a benchmark module states itself (`targets()`: title,
-  variant, base variant, largest ratio; or with no base, the largest median
-  in microseconds)."""
-  out = []
-  for name, _, _ in BENCHES:
-    module = importlib.import_module(name)
-    for title, variant, base, limit in getattr(module, "targets", list)():
-      if base is None:
-        out.append(Target(f"{title}: {variant}", f"<= {limit} us",
-                          lambda r, t=title, v=variant: r.median(t, v), "{:.2f} us",
-                          lambda v, limit=limit: v <= limit))
-      else:
-        out.append(Target(f"{title}: {variant} / {base}", f"<= {limit}x",
-                          _ratio(title, variant, base), "{:.2f}x",
-                          lambda v, limit=limit: v <= limit))
-  return out
+def _targets() -> list[Target]:
+  """Every benchmark module's own targets (`targets()`)."""
+  return [t for name, _, _ in BENCHES for t in importlib.import_module(name).targets()]
 
 
 def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: bool,
                  started: datetime.datetime, seconds: dict[str, float],
                  failures: dict[str, str]) -> list[tuple[Target, str, str]]:
   results = []
-  table = _Rows(rows)
-  for t in [*TARGETS, *_module_targets()]:
+  table = Rows(rows)
+  for t in _targets():
     try:
       v = t.measure(table)
     except (KeyError, ZeroDivisionError, StopIteration):  # not run (e.g. --only)
