@@ -9,14 +9,9 @@ check `isinstance(x, jax.Array)` take it) that holds exactly one private
 handing a GDA to `jax.jit` passes those buffers straight to the executable
 when the sharding matches.
 
-Stock JAX accepts it through its extension tables; the handlers are in
-`_dispatch/handlers.py`, the flag that makes jit outputs GDAs in
-`_dispatch/output.py`. Every transfer of its data goes through
-`_transfers/moves.py`.
-
-Since a GDA is a committed array, an explicit `in_shardings` that disagrees
-with its sharding gets stock JAX's committed-array `ValueError`. `__jax_array__`
-lets `jax.numpy` functions accept it directly.
+Stock JAX accepts it through its extension tables (`_dispatch/handlers.py`;
+the output flag in `_dispatch/output.py`) as a committed array; every
+transfer of its data goes through `_transfers/moves.py`.
 """
 
 from __future__ import annotations
@@ -486,13 +481,10 @@ _new = object.__new__
 
 
 def rebuild(key: Any, children: Sequence[jax.Array]) -> GlobalDeviceArray:
-  """A GDA over `children[0]`: how jit's C++ dispatch rebuilds every GDA output.
-
-  The unflatten function of the GDA's dispatch-registry node
-  (`_jax/dispatch.py`; `key` is its node data, unused here), so
-  it is on the hot path of every warm call with the output flag on: `_init`
-  inlined, and the mesh and mesh axes read from `arr.sharding` on first use.
-  """
+  """A GDA over `children[0]`: the unflatten function of the GDA's dispatch
+  registry node (`key`, its node data, is unused), so on the hot path of every
+  warm call with the output flag on: `_init` inlined, the mesh and mesh axes
+  read from `arr.sharding` on first use."""
   del key
   self = _new(GlobalDeviceArray)
   self._arr, = children
