@@ -278,10 +278,18 @@ def test_flax_serialization_round_trips_gda_state(mesh_2d):
 # ---------------------------------------------------------------------------
 
 
+def _assert_saves_recorded(ledger, states) -> None:
+  """One device_to_host record per GDA leaf saved, with its bytes (each shard
+  of replica 0 once: nothing is fetched whole)."""
+  gdas = [x for s in states for x in jax.tree.leaves(s) if isinstance(x, GlobalDeviceArray)]
+  assert sorted((r.direction, r.explicit, r.nbytes) for r in ledger.records) == sorted(
+      ("device_to_host", True, g.nbytes) for g in gdas)
+
+
 def test_orbax_checkpointers_save_and_restore_gda_leaves(mesh_2d, tmp_path):
   """Orbax takes GDA leaves as they are: `StandardCheckpointer` saves them
-  shard by shard (nothing is fetched whole: the transfer ledger stays empty),
-  and restoring into a GDA target gives GDAs on the target's mesh and
+  shard by shard (the ledger records each leaf's save once, device_to_host,
+  its replica-0 shards' bytes: nothing is fetched whole), and restoring into a GDA target gives GDAs on the target's mesh and
   `mesh_axes` holding the saved values; `PyTreeCheckpointer` and a
   `CheckpointManager` (several steps, restore the latest) do the same."""
   jax.config.update(FLAG, True)
@@ -294,7 +302,7 @@ def test_orbax_checkpointers_save_and_restore_gda_leaves(mesh_2d, tmp_path):
   with jse.transfer_ledger() as ledger:
     ckptr.save(tmp_path / "std", state)
     ckptr.wait_until_finished()
-  assert ledger.records == []
+  _assert_saves_recorded(ledger, [state])
   target, _ = _small_state(mesh_2d, offset=50.0)
   target["params"]["w"] = _gda(mesh_2d, P(None, "x"), np.zeros((8, 8), np.float32))
   out = ckptr.restore(tmp_path / "std", target)
@@ -309,7 +317,7 @@ def test_orbax_checkpointers_save_and_restore_gda_leaves(mesh_2d, tmp_path):
 
   with jse.transfer_ledger() as ledger:
     ocp.PyTreeCheckpointer().save(tmp_path / "tree", state)
-  assert ledger.records == []
+  _assert_saves_recorded(ledger, [state])
   out = ocp.PyTreeCheckpointer().restore(tmp_path / "tree", args=ocp.args.PyTreeRestore(
       item=target, restore_args=checkpoint_utils.construct_restore_args(target)))
   w = out["params"]["w"]
@@ -318,13 +326,15 @@ def test_orbax_checkpointers_save_and_restore_gda_leaves(mesh_2d, tmp_path):
 
   options = ocp.CheckpointManagerOptions(max_to_keep=2)
   with ocp.CheckpointManager(tmp_path / "mngr", options=options) as mngr:
+    saved = []
     with jse.transfer_ledger() as ledger:
       for step in range(3):
         state = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s))(state)
         assert _leaves_are_gdas(state)
         mngr.save(step, args=ocp.args.StandardSave(state))
+        saved.append(state)
       mngr.wait_until_finished()
-    assert ledger.records == []
+    _assert_saves_recorded(ledger, saved)
     assert mngr.all_steps() == [1, 2]
     out = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(target))
   w = out["params"]["w"]
