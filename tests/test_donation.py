@@ -348,18 +348,20 @@ def test_donation_vector_one_bool_per_leaf(mesh_2d):
   assert donation_vector(np.int64(1), (1, 2), {}) == (False, True)
 
 
-def test_negative_donate_argnums_donate_nothing_as_in_jax_jit(mesh_2d):
-  """Stock `jax.jit(f, donate_argnums=-1)` donates nothing (it matches
-  argument positions as given), and so did the GDA-era helper;
-  `donation_vector` and legacy `pjit` agree with it."""
+def test_negative_donate_argnums_agree_with_this_jaxs_jit(mesh_2d):
+  """Stock `jax.jit(f, donate_argnums=-1)` donates nothing in jax 0.10.2 (it
+  matches positions as given, as the GDA-era helper did) and the last
+  argument in jax 0.12 (counted from the end of the signature); legacy
+  `pjit` and `donation_vector` read it as this JAX's `jax.jit` does."""
   def run(make):
     a, b = _gda(mesh_2d)[0], _gda(mesh_2d)[0]
     make(lambda x, y: x + y)(a, b)
     return a.is_deleted(), b.is_deleted()
-  assert run(lambda f: jax.jit(f, donate_argnums=-1)) == (False, False)
-  assert run(lambda f: pjit(f, in_axis_resources=FROM_GDA, donate_argnums=-1)) == (False, False)
-  assert donation_vector(-1, (1, 2), {}) == (False, False)
-  assert donation_vector((-1, 0), (1, 2), {}) == (True, False)
+  stock = run(lambda f: jax.jit(f, donate_argnums=-1))
+  assert stock in ((False, False), (False, True))
+  assert run(lambda f: pjit(f, in_axis_resources=FROM_GDA, donate_argnums=-1)) == stock
+  assert donation_vector(-1, (1, 2), {}) == stock
+  assert donation_vector((-1, 0), (1, 2), {}) == (True, stock[1])
 
 
 def test_numpy_integer_argnums_are_taken_as_in_jax_jit(mesh_2d):

@@ -95,8 +95,10 @@ def donation_vector(donate_argnums: int | Iterable[int], args: Sequence[Any],
   Every leaf of positional argument `i` is donated when `i` is in
   `donate_argnums`; keyword arguments are never donated (as in the GDA era: use
   `jax.jit(..., donate_argnames=...)` for those). A `GlobalDeviceArray` is one
-  leaf. A negative argnum matches no argument, as in `jax.jit` (which donates
-  nothing for `donate_argnums=-1`), legacy `pjit` and the GDA-era helper.
+  leaf. A negative argnum is read as `jax.jit` (so legacy `pjit`) reads it in
+  this JAX: counted from the end of `args` where `jax.jit` counts it from the
+  end of the positional parameters (jax 0.12), matching no argument where
+  `jax.jit` matches none (jax 0.10.2, and the GDA-era helper).
 
   Args:
     donate_argnums: an int or an iterable of ints, positions in `args`.
@@ -112,6 +114,8 @@ def donation_vector(donate_argnums: int | Iterable[int], args: Sequence[Any],
     (True, True, False, False)
   """
   donated = set(parse_argnums(donate_argnums, "donate_argnums"))
+  if jax_donation.JIT_COUNTS_NEGATIVE_ARGNUMS:
+    donated = {i + len(args) if i < 0 else i for i in donated}
   res: list[bool] = []
   for i, arg in enumerate(args):
     res.extend((i in donated,) * len(jax.tree_util.tree_leaves(arg)))

@@ -43,11 +43,13 @@ import dataclasses
 # No public API exposes this; a JAX that renames these functions makes
 # `HAS_CALL_DONATION_INFO` False and the check is skipped (stock behaviour).
 # ---------------------------------------------------------------------------
+import inspect
 import sys
 from typing import Any
 
 import jax
 import jax.stages as _stages
+from jax._src import api_util as _api_util
 from jax._src import pjit as _pjit
 
 from jax_sharding_ext._jax.frames import code_of, find_frame
@@ -64,6 +66,24 @@ _DN_COMPILED_CALL_CODES = _codes(code_of(getattr(_stages, "Compiled", None), "__
 
 HAS_CALL_DONATION_INFO = bool(_DN_JIT_IMPL_CODES)
 """True when the jit dispatch frames that carry the donation vector were found."""
+
+
+def _jit_counts_negative_argnums() -> bool:
+  """Whether this JAX's `jax.jit` counts a negative `donate_argnums` from the
+  end of the function's positional parameters (jax 0.12: `resolve_argnums`
+  does) or matches no argument with it (jax 0.10.2). Asked of
+  `api_util.resolve_argnums` itself, with a function of two parameters."""
+  def two(a, b):
+    del a, b
+  try:
+    donate = _api_util.resolve_argnums(two, inspect.signature(two), -1, None, None, None)[0]
+  except Exception:  # pragma: no cover - a JAX that resolves differently
+    return False
+  return tuple(donate) == (1,)
+
+
+JIT_COUNTS_NEGATIVE_ARGNUMS = _jit_counts_negative_argnums()
+"""True when `jax.jit(f, donate_argnums=-1)` donates the last argument."""
 
 
 @dataclasses.dataclass(frozen=True)
