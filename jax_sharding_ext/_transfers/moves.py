@@ -42,6 +42,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import transfer as jax_transfer
@@ -163,16 +164,19 @@ def _aot_mismatch_error(arrays, shardings, moving) -> ValueError:
 
 def to_host(gda, dtype=None) -> np.ndarray:
   """The global value of a GDA whose value this process holds, as numpy."""
-  arr = gda._shard_array("fetch it to the host")
+  arr = gda._checked_array("fetch it to the host")
   if gda._host_fetched:  # the value is already on the host: nothing moves
     return np.asarray(arr, dtype=dtype)
-  if not holds_value(arr):
+  sharding = arr.sharding
+  if not (sharding.is_fully_addressable
+          or jax_transfer.process_holds_value(sharding, arr.shape)):
     raise RuntimeError(
         f"Cannot convert {gda} to numpy: it spans devices of other processes "
         "(it is not fully addressable). Use "
         "`jax.experimental.multihost_utils.process_allgather(gda.to_jax_array(), "
         "tiled=True)` to gather the global value on every process, or read "
         "`gda.local_shards`.")
+  jax_buffers.ready(arr)  # the fetch reads its shards: build their cache safely
   return _fetch(gda, arr, lambda: np.asarray(arr, dtype=dtype))
 
 
