@@ -38,25 +38,29 @@ from jax_sharding_ext._pjit import resolve
 from jax_sharding_ext._pjit.spec import UNSPECIFIED, PjitSpec, parse
 
 _GDA = frozenset({GlobalDeviceArray})
+_ARRAY = frozenset({jax_tables.ArrayImpl})
 _GDA_OR_ARRAY = frozenset({GlobalDeviceArray, jax_tables.ArrayImpl})
 _NAMED = frozenset({NamedSharding})
 
 
-def _have_named_shardings(values: Any) -> bool:
+def _have_named_shardings(values: list, types: set) -> bool:
   """True when every value is a GDA or a `jax.Array` with a `NamedSharding`
-  (what `FROM_GDA` takes the sharding of): a few passes in C."""
-  types = set(map(type, values))
+  (what `FROM_GDA` takes the sharding of); `types` is the set of their types.
+  A few passes in C."""
   if types <= _GDA:
     return True
-  if not types <= _GDA_OR_ARRAY:
+  if types == _ARRAY:
+    arrays = values
+  elif types <= _GDA_OR_ARRAY:
+    arrays = [v for v in values if type(v) is jax_tables.ArrayImpl]
+  else:
     return False
-  arrays = [v for v in values if type(v) is jax_tables.ArrayImpl]
   return set(map(type, map(jax_tables.sharding_of, arrays))) <= _NAMED
 
 
-def _flat_values(args: tuple) -> list | None:
-  """The arguments' leaves when each argument is a leaf or a plain dict, list
-  or tuple of leaves; None for anything deeper (then `tree_leaves` is asked)."""
+def _shallow_leaves(args: tuple) -> list:
+  """Each argument, or the values of an argument that is a plain dict, list or
+  tuple: the leaves themselves when nothing is nested deeper."""
   out = []
   for a in args:
     t = type(a)
@@ -66,7 +70,7 @@ def _flat_values(args: tuple) -> list | None:
       out.extend(a)
     else:
       out.append(a)
-  return out if set(map(type, out)) <= _GDA_OR_ARRAY else None
+  return out
 
 
 _CACHE_SIZE = 64
@@ -93,6 +97,9 @@ class _Pjit:
     self.cache: dict = {}
     self.from_gda_positions: dict = {}  # argument treedef -> leaf positions
     self.lock = threading.Lock()
+    # What each call must do, decided once (the hot path reads two bools).
+    self.check_args = spec.negative_nums is not None or spec.in_empty
+    self.from_gda_everywhere = isinstance(spec.in_specs, FromGda) and not spec.static_pos
 
   def _mesh(self) -> Any:
     return jax_config.context_mesh() if self.spec.needs_mesh else None
@@ -100,11 +107,18 @@ class _Pjit:
   def prepare(self, args, kwargs):
     """The `jax.jit` to call for these arguments, and the kwargs to pass it."""
     spec = self.spec
-    resolve.check_call(spec, args)
-    static_kw, kwargs = resolve.split_kwargs(spec, kwargs)
-    if spec.has_from_gda:
+    if self.check_args:
+      resolve.check_call(spec, args)
+    static_kw: tuple = ()
+    if kwargs:
+      static_kw, kwargs = resolve.split_kwargs(spec, kwargs)
+    if self.from_gda_everywhere:
+      leaves = _shallow_leaves(args)
+      if not _have_named_shardings(leaves, set(map(type, leaves))):
+        self._check_from_gda(args)  # nested deeper, or refused
+    elif spec.has_from_gda:
       self._check_from_gda(args)
-    mesh = self._mesh()
+    mesh = jax_config.context_mesh() if spec.needs_mesh else None
     key = (mesh, static_kw)
     f = self.cache.get(key)
     if f is None:
@@ -118,13 +132,13 @@ class _Pjit:
     return f, kwargs
 
   def _check_from_gda(self, args: tuple) -> None:
+    """Raise the GDA-era error if a leaf under `FROM_GDA` has no
+    `NamedSharding` to take (any argument structure)."""
     spec = self.spec
     dyn_args = resolve.dynamic_args(spec, args)[1] if spec.static_pos else args
-    if isinstance(spec.in_specs, FromGda):  # the usual spelling: every leaf
-      leaves = _flat_values(dyn_args)
-      if leaves is None:
-        leaves = jax.tree_util.tree_leaves(dyn_args)
-      if _have_named_shardings(leaves):
+    if isinstance(spec.in_specs, FromGda):  # every leaf
+      leaves = jax.tree_util.tree_leaves(dyn_args)
+      if _have_named_shardings(leaves, set(map(type, leaves))):
         return
       positions: Any = range(len(leaves))
     else:
