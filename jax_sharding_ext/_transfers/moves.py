@@ -167,7 +167,7 @@ def to_host(gda, dtype=None) -> np.ndarray:
   arr = gda._checked_array("fetch it to the host")
   if gda._host_fetched:  # the value is already on the host: nothing moves
     return np.asarray(arr, dtype=dtype)
-  sharding = arr.sharding
+  sharding = jax_tables.sharding_of(arr)
   if not (sharding.is_fully_addressable
           or jax_transfer.process_holds_value(sharding, arr.shape)):
     raise RuntimeError(
@@ -176,7 +176,8 @@ def to_host(gda, dtype=None) -> np.ndarray:
         "`jax.experimental.multihost_utils.process_allgather(gda.to_jax_array(), "
         "tiled=True)` to gather the global value on every process, or read "
         "`gda.local_shards`.")
-  jax_buffers.ready(arr)  # the fetch reads its shards: build their cache safely
+  if not sharding.is_fully_replicated:  # stock's fetch reads the per-shard arrays:
+    jax_buffers.ready(arr)  # their cache is built under the lock, once
   return _fetch(gda, arr, lambda: np.asarray(arr, dtype=dtype))
 
 
