@@ -1,8 +1,8 @@
 """Run every benchmark and write `benchmarks/RESULTS.md`.
 
-Runs each `bench_*.py` module's `run()` in this process (the import-time
-benchmark starts its own fresh subprocesses), prints their output as it goes,
-then writes a markdown report: date, versions, machine, device count, whether
+Runs each `bench_*.py` module's `run()` in a fresh process of its own (so no
+benchmark measures the compiled functions, arrays and memory that an earlier
+one left behind), prints their output as it goes, then writes a markdown report: date, versions, machine, device count, whether
 each target was met, the scaling curves (a table and a plot each; the plots
 go to `docs/scaling_*.png`, or next to a report written elsewhere), and one
 row per (benchmark, variant) with its median and ratio.
@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import importlib
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -36,8 +38,6 @@ BENCHES: list[tuple[str, dict, dict]] = [
     ("bench_effects", {"calls": 200, "rounds": 15}, {"calls": 50, "rounds": 5}),
     ("bench_donation", {"steps": 50, "mib": 64}, {"steps": 10, "mib": 64}),
     ("bench_construction", {"reps": 21}, {"reps": 5, "adopt_n": 200}),
-    # Before bench_checkpoint: each checkpoint save leaves memory behind in this
-    # process, and the scaling run's 1 GiB checkpoint child needs several GiB.
     ("bench_scaling", {}, {"quick": True}),
     ("bench_checkpoint", {"reps": 15}, {"reps": 3}),
     ("bench_train_loop", {"n": 400}, {"n": 50}),
@@ -158,6 +158,35 @@ def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: boo
   return results
 
 
+def _run_in_child(name: str, kwargs: dict) -> dict:
+  """`name`'s `run(**kwargs)` in a new Python process: its rows and failures."""
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "rows.json")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name,
+                           json.dumps(kwargs), out], cwd=HERE, check=False)
+    if proc.returncode != 0 or not os.path.exists(out):
+      return {"rows": [], "failures": {name: f"exited with status {proc.returncode} (above)"}}
+    with open(out) as f:
+      return json.load(f)
+
+
+def _child(name: str, kwargs_json: str, out: str) -> int:
+  """Run one benchmark module and write its rows and failures to `out`."""
+  rows, failures = [], {}
+  try:
+    module = importlib.import_module(name)
+    rows = module.run(**json.loads(kwargs_json))
+    failures = {f"{name}: {part}": text
+                for part, text in getattr(module, "FAILURES", {}).items()}
+  except Exception:  # report it; the other benchmarks go on
+    failures[name] = traceback.format_exc()
+    print(failures[name], file=sys.stderr)
+  with open(out, "w") as f:
+    json.dump({"rows": rows, "failures": failures}, f,
+              default=lambda o: o.item() if hasattr(o, "item") else str(o))
+  return 0
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--quick", action="store_true", help="far fewer iterations (smoke run)")
@@ -179,17 +208,10 @@ def main() -> int:
     kwargs = quick if args.quick else full
     print(f"\n=== {name} ({', '.join(f'{k}={v}' for k, v in kwargs.items())})", flush=True)
     t0 = time.perf_counter()
-    try:
-      module = importlib.import_module(name)
-      rows += module.run(**kwargs)
-      for part, text in getattr(module, "FAILURES", {}).items():  # parts that failed
-        failures[f"{name}: {part}"] = text
-    except Exception:  # report it, go on with the others
-      failures[name] = traceback.format_exc()
-      print(failures[name], file=sys.stderr)
+    got = _run_in_child(name, kwargs)
+    rows += got["rows"]
+    failures.update(got["failures"])
     seconds[name] = time.perf_counter() - t0
-    gc.collect()
-    sys.stdout.flush()
 
   results = write_report(args.output, rows, env, quick=args.quick, started=started,
                          seconds=seconds, failures=failures)
@@ -201,4 +223,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+  if sys.argv[1:2] == ["--child"]:
+    sys.exit(_child(*sys.argv[2:5]))
   sys.exit(main())
