@@ -176,6 +176,7 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   choice = _metadata.checked_metadata_choice(fn, metadata)
   (arr,), (spec,) = _checks.checked_arrays(fn, [arr_inp], [tensorstore_spec], choice)
   fresh = [_locations.new_local_path(spec)]
+  await _saving.check_host_copy(fn, [arr])
   await _integrity.forget_records([spec])
   if commit_future is None:
     regions = _integrity.written_regions(arr)
@@ -384,7 +385,7 @@ class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
     self.wait_until_finished()  # also releases the paths of the previous checkpoint
     held = _markers.hold_paths(fn, specs, self, _markers.MANAGER_WRITER)
     try:
-      _, fresh = _running.run(lambda: _saving.prepare(fn, specs, choice))
+      _, fresh = _running.run(lambda: _saving.prepare(fn, arrs, specs, choice))
 
       def commit():  # process 0, after every process has committed its writes
         _running.run(lambda: _markers.set_markers(specs, False))

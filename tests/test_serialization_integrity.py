@@ -1,6 +1,8 @@
 """A checkpoint `jax_sharding_ext.serialization` writes restores exactly or
-raises: a missing chunk, or one flipped byte in a chunk, is an error with the
-GDA-era metadata (gzip) and with `metadata="stock"` (zstd) alike, while
+raises: a missing chunk, one flipped byte in a chunk, a chunk replaced by
+another valid one (an older step's, another array's, a swap) and a changed
+layout in the metadata are errors with the GDA-era metadata (gzip) and with
+`metadata="stock"` (zstd) alike, while
 all-zero and partly-zero arrays round-trip and checkpoints of other writers
 (stock `array_serialization`, GDA-era files that leave out chunks equal to the
 fill value) restore as before.
@@ -251,8 +253,13 @@ def test_the_record_is_a_small_json_file_next_to_the_array(mesh_2d, tmp_path):
   assert z["chunk_shape"] == [2, 2] and z["checksum"] == "crc32"
   assert sorted(z["chunks"]) == sorted(f"{i}.{j}" for i in range(4) for j in range(2))
   assert z["chunks"]["1.0"] == zlib.crc32((tmp_path / "z" / "1.0").read_bytes())
+  assert z["layout"] == {"order": "C", "byte_order": "<"}
   g = json.loads((tmp_path / "g" / RECORD).read_text())
-  assert g["checksum"] is None and set(g["chunks"].values()) == {None}  # gzip checks itself
+  # A gzip chunk ends with the CRC-32 and length of its contents: the record
+  # keeps those 8 bytes (tensorstore checks them against the contents).
+  assert g["checksum"] == "tail8"
+  gzip_tail = (tmp_path / "g" / "1.0").read_bytes()[-8:]
+  assert g["chunks"]["1.0"] == int.from_bytes(gzip_tail, "little")
   for name in ("z", "g"):
     np.testing.assert_array_equal(_restore_stock(mesh_2d, tmp_path / name), data)
     t = ts.open(_spec(tmp_path / name), open=True).result()
@@ -278,6 +285,64 @@ def test_checkpoints_of_other_writers_restore_as_before(mesh_2d, tmp_path):
   (tmp_path / "stock" / "0.0").unlink()  # stock's meaning: that shard reads as zeros
   np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "stock"),
                                 _restore_stock(mesh_2d, tmp_path / "stock"))
+
+
+# -- a chunk replaced by another valid one -----------------------------------------------
+
+
+def _replace_from_older_step(tmp_path):
+  shutil.copy(tmp_path / "old" / "1.0", tmp_path / "w" / "1.0")
+
+
+def _swap_two_chunks(tmp_path):
+  a, b = tmp_path / "w" / "1.0", tmp_path / "w" / "2.1"
+  a_bytes = a.read_bytes()
+  a.write_bytes(b.read_bytes())
+  b.write_bytes(a_bytes)
+
+
+def _replace_from_another_array(tmp_path):
+  shutil.copy(tmp_path / "other" / "1.0", tmp_path / "w" / "1.0")
+
+
+@pytest.mark.parametrize("damage", [_replace_from_older_step, _swap_two_chunks,
+                                    _replace_from_another_array])
+@pytest.mark.parametrize("metadata", FORMATS)
+def test_a_chunk_replaced_by_another_valid_chunk_is_an_error(mesh_2d, tmp_path, metadata,
+                                                             damage):
+  """Each chunk file decodes on its own (a gzip chunk's CRC matches its own
+  contents), so only the record tells that it is not the chunk written
+  here. Stock restores the same checkpoint with the other chunk's values."""
+  old, _ = _gda(mesh_2d, data=np.full((8, 4), 1.0, np.float32))
+  other, _ = _gda(mesh_2d, data=np.full((8, 4), -7.0, np.float32))
+  gda, data = _gda(mesh_2d)
+  _save_run(old, tmp_path / "old", metadata=metadata)
+  _save_run(other, tmp_path / "other", metadata=metadata)
+  _save_run(gda, tmp_path / "w", metadata=metadata)
+  np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "w"), data)  # checked once
+  damage(tmp_path)
+  with pytest.raises(ValueError, match=r"is damaged: its chunk '(1\.0|2\.1)' has .* was "
+                     r"recorded when it was written: it was changed or replaced"):
+    _restore(mesh_2d, tmp_path / "w")
+  silently = _restore_stock(mesh_2d, tmp_path / "w")
+  assert not np.array_equal(silently, data)
+
+
+@pytest.mark.parametrize("edit", [{"order": "F"}, {"dtype": ">f4"}])
+@pytest.mark.parametrize("metadata", FORMATS)
+def test_a_changed_layout_in_the_metadata_is_an_error(mesh_2d, tmp_path, metadata, edit):
+  """zarr's `order` and the byte order of its dtype say how a chunk's bytes
+  become values: changed, every chunk still decodes, to other values. Stock
+  restores the permuted (or byte-swapped) values."""
+  gda, data = _gda(mesh_2d)
+  _save_run(gda, tmp_path / "w", metadata=metadata)
+  zarray = tmp_path / "w" / ".zarray"
+  zarray.write_text(json.dumps({**json.loads(zarray.read_text()), **edit}))
+  with pytest.raises(ValueError, match=r"is damaged: its metadata \(shape, dtype, chunk shape, "
+                     r"layout .*\) differs from the recorded"):
+    _restore(mesh_2d, tmp_path / "w")
+  silently = _restore_stock(mesh_2d, tmp_path / "w")
+  assert silently.shape == data.shape and not np.array_equal(silently, data)
 
 
 @pytest.mark.parametrize("metadata", FORMATS)

@@ -200,3 +200,46 @@ def test_the_guard_judges_a_checkpoint_as_stocks_of_the_same_jax_array(tmp_path)
     assert records == (0 if got[0] == "raises" else 1), (case, records)
   raised = {case for case, (want, _, _) in results.items() if want[0] == "raises"}
   assert raised and all(c.startswith("disallow_explicit") for c in raised), raised
+
+
+def _save_async(gda, spec):
+  async def go():
+    futures = []
+    await serialization.async_serialize(gda, spec, futures)
+    for f in futures:
+      f.result()
+  asyncio.run(go())
+
+
+def _save_manager(gda, spec):
+  manager = serialization.GlobalAsyncCheckpointManager()
+  manager.serialize([gda], [spec], on_commit_callback=lambda: None)
+  manager.wait_until_finished()
+
+
+@pytest.mark.parametrize("save", [
+    lambda gda, spec: serialization.run_serialization([gda], [spec]), _save_async,
+    _save_manager], ids=["run_serialization", "async_serialize", "manager.serialize"])
+@pytest.mark.parametrize("level", ["disallow", "disallow_explicit"])
+def test_a_save_the_guard_refuses_leaves_the_stored_checkpoint_intact(mesh_2d, tmp_path, save,
+                                                                      level):
+  """Where the guard refuses stock's copies of the shards to the host (JAX
+  0.10.2 on CPU under "disallow_explicit"), the save raises jaxlib's error
+  before it writes anything, so the checkpoint stored at that path restores
+  as before; stock would have raised at its first shard with others written.
+  Where the guard allows the copies, the new values are stored."""
+  old, old_data = _gda(mesh_2d, P("x", "y"))
+  save(old, _spec(tmp_path / "w"))
+  new_data = old_data * 2 + 1
+  new = GlobalDeviceArray.from_callback((8, 4), mesh_2d, P("x", "y"), lambda i: new_data[i])
+  try:
+    with jax.transfer_guard(level):
+      save(new, _spec(tmp_path / "w"))
+  except jax.errors.JaxRuntimeError as e:
+    assert str(e).startswith("INVALID_ARGUMENT: Disallowed"), e
+    assert "refused this before writing anything" in str(e)
+    want = old_data
+  else:
+    want = new_data
+  got, = serialization.run_deserialization([mesh_2d], [P("x", "y")], [_spec(tmp_path / "w")])
+  np.testing.assert_array_equal(np.asarray(got), want)

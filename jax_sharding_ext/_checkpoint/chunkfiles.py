@@ -1,11 +1,13 @@
-"""The chunk files of an array's directory: read, checked against a crc32,
-and remembered once checked.
+"""The chunk files of an array's directory: fingerprinted (a crc32 of the
+bytes, or the checksum a codec ends each chunk with), and remembered once
+checked.
 
-A local directory is read with plain file operations (each file mapped, its
-pages read in at once, and its crc32 computed without a copy); another
-kvstore through tensorstore. A chunk whose bytes were checked is remembered
-with the state of its file (inode, size, modification and change times) or
-its kvstore generation, and not read again while that is unchanged.
+A local directory is read with plain file operations (for a crc32 each file
+is mapped, its pages read in at once, and its crc32 computed without a copy;
+for a tail only its last bytes are read); another kvstore through
+tensorstore. A chunk checked is remembered with the state of its file
+(inode, size, modification and change times) or its kvstore generation, and
+not read again while that is unchanged.
 """
 
 from __future__ import annotations
@@ -27,16 +29,24 @@ try:  # the same CRC-32 as zlib's, about 6x as fast (ISA-L, in the [checkpoint] 
 except ImportError:  # pragma: no cover - the extra installs it
   from zlib import crc32
 
-# (location key, chunk key) -> (file state or kvstore generation, crc32): chunks
-# whose stored bytes were checked (or written here) in that state.
-checked: dict[tuple[str, str], tuple[Any, int]] = {}
+CRC32 = "crc32"
+"""A chunk's fingerprint is the crc32 of its bytes ("tail<n>": its last n bytes)."""
+
+# (location key, chunk key) -> (file state or kvstore generation, kind, fingerprint):
+# chunks whose stored bytes were checked (or written here) in that state.
+checked: dict[tuple[str, str], tuple[Any, str, int]] = {}
 CHECKED_LIMIT = 1 << 16
 
 
-def _remember(loc: locations.Location, key: str, state: Any, crc: int) -> None:
+def _remember(loc: locations.Location, key: str, state: Any, check: str, fp: int) -> None:
   if len(checked) >= CHECKED_LIMIT:
     checked.clear()
-  checked[loc.key, key] = (state, crc)
+  checked[loc.key, key] = (state, check, fp)
+
+
+def _tail(data: bytes, n: int) -> int:
+  """The last `n` bytes as a number (-1 for a file shorter than that)."""
+  return int.from_bytes(data[-n:], "little") if len(data) >= n else -1
 
 
 def file_state(st: os.stat_result) -> tuple:
@@ -59,6 +69,16 @@ def _crc_of_file(path: str) -> tuple[tuple, int]:
       return state, crc32(f.read())
     with mmap.mmap(f.fileno(), 0, **_MAP) as m:
       return state, crc32(m)
+
+
+def _tail_of_file(path: str, n: int) -> tuple[tuple, int]:
+  """(the file's state, its last `n` bytes as a number)."""
+  with open(path, "rb") as f:
+    state = file_state(os.fstat(f.fileno()))
+    if state[1] < n:
+      return state, -1
+    f.seek(-n, os.SEEK_END)
+    return state, _tail(f.read(n), n)
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -126,25 +146,30 @@ class Directory:
     found = await (await self.store()).list(ts.KvStore.KeyRange(prefix, prefix + "\x7f"))
     return bool(found)
 
-  async def crc(self, key: str, known: int | None = None) -> int | None:
-    """The crc32 of chunk `key`'s stored bytes (None if it is missing). With
-    `known`, a chunk checked before and unchanged since is not read again."""
+  async def fingerprint(self, key: str, check: str, known: int | None = None) -> int | None:
+    """Chunk `key`'s fingerprint of kind `check` (None if it is missing).
+    With `known`, a chunk checked before and unchanged since is not read
+    again."""
+    tail = 0 if check == CRC32 else int(check[4:])
+    cached = checked.get((self.loc.key, key))
     if self.loc.local_dir is not None:
       path = os.path.join(self.loc.local_dir, key)
       try:
         st = os.stat(path)
-        if known is not None and checked.get((self.loc.key, key)) == (file_state(st), known):
+        if known is not None and cached == (file_state(st), check, known):
           return known
-        # A small file costs less here than the trip to a worker thread.
-        small = st.st_size <= _INLINE_BYTES
-        state, crc = _crc_of_file(path) if small else await _in_thread(_crc_of_file, path)
+        if tail:
+          state, fp = _tail_of_file(path, tail)
+        elif st.st_size <= _INLINE_BYTES:  # costs less here than a trip to a thread
+          state, fp = _crc_of_file(path)
+        else:
+          state, fp = await _in_thread(_crc_of_file, path)
       except FileNotFoundError:
         return None
     else:
       store = await self.store()
-      seen = checked.get((self.loc.key, key))
-      if known is not None and seen is not None and seen[1] == known:
-        r = await store.read(key, if_not_equal=seen[0])
+      if known is not None and cached is not None and cached[1:] == (check, known):
+        r = await store.read(key, if_not_equal=cached[0])
         if r.state == "unspecified":
           return known
       else:
@@ -152,10 +177,13 @@ class Directory:
       if r.state != "value":
         return None
       value = r.value
-      crc = crc32(value) if len(value) <= _INLINE_BYTES else await _in_thread(crc32, value)
+      if tail:
+        fp = _tail(value, tail)
+      else:
+        fp = crc32(value) if len(value) <= _INLINE_BYTES else await _in_thread(crc32, value)
       state = r.stamp.generation
-    _remember(self.loc, key, state, crc)
-    return crc
+    _remember(self.loc, key, state, check, fp)
+    return fp
 
   async def exists(self, key: str) -> bool:
     if self.loc.local_dir is not None:

@@ -1,25 +1,34 @@
 """Chunk records: a checkpoint this package writes restores exactly or raises.
 
 A zarr array is one file (kvstore key) per chunk. tensorstore reads a missing
-chunk as the fill value (zeros), and its zstd chunks carry no checksum, so
-without help a deleted chunk, or one flipped byte in a zstd chunk, restores
-as silently wrong data (gzip chunks end with a CRC that tensorstore checks).
+chunk as the fill value (zeros); a gzip chunk's own CRC catches a changed
+byte but not a whole chunk replaced by another valid one (an older step's,
+another array's), and a zstd chunk carries no checksum at all. Without help
+each of these restores as silently wrong data.
 
 So every save of this package stores every chunk (also one equal to the fill
 value: `store_data_equal_to_fill_value`) and, once this process's writes are
 committed and before the checkpoint is, writes a record into the array's
 directory, one key per process, `jax_sharding_ext.chunks.<process index>`:
-a small JSON object with the array's shape, dtype and chunk shape, the
-number of processes, and each chunk file this process wrote, with the crc32
-of its stored bytes where the codec checks nothing itself (zstd, no
-compression), or `null` where it does (gzip, zlib, bz2, zarr3 crc32c).
+a small JSON object with the array's shape, dtype, chunk shape and layout
+(zarr's `order` and byte order), the number of processes, and a fingerprint
+of each chunk file this process wrote (`checksum` names its kind):
+
+* "tail<n>": where the codec ends each chunk with a checksum of the chunk's
+  contents (gzip: CRC-32 and length, 8 bytes; zlib: Adler-32, 4; zarr3
+  crc32c, or zstd with its checksum, 4), those last n bytes. tensorstore
+  checks them against the contents on every read, so equal tails mean equal
+  data, and only n bytes of each chunk are read to check it;
+* "crc32": elsewhere (zstd without its checksum, no compression, bz2,
+  zarr3 sharding), the crc32 of the chunk file's bytes.
+
 tensorstore and every other zarr reader ignore these keys.
 
 A restore of an array that has records checks, for each chunk this process
-reads: that a record names it, that it is stored, and that its bytes match
-the recorded crc32 (read concurrently with the restore itself); and that the
-array's shape, dtype and chunk shape are the recorded ones. A chunk whose
-bytes were checked is not read again while its file is unchanged (same
+reads: that a record names it, that it is stored, and that its fingerprint
+is the recorded one (read concurrently with the restore itself); and that
+the array's shape, dtype, chunk shape and layout are the recorded ones. A
+chunk checked before is not read again while its file is unchanged (same
 inode, size, modification and change times, or the same kvstore
 generation): tensorstore serves an unchanged chunk from its cache then too.
 An array without records (written by stock `array_serialization`, by the
@@ -28,7 +37,8 @@ an earlier version of this package) restores as before, unchecked.
 
 Records are written where markers are (`locations.SHARED_WRITE_DRIVERS`); a
 chunk written by several processes (only with a chunking the spec gives
-that cuts across processes' shards) is recorded without a crc32.
+that cuts across processes' shards) is recorded without a fingerprint (its
+presence is checked).
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ import tensorstore as ts
 from jax_sharding_ext._checkpoint import locations
 from jax_sharding_ext._checkpoint.chunkfiles import (
   CHECKED_LIMIT,
+  CRC32,
   Directory,
   checked,
   directory_of,
@@ -57,8 +68,9 @@ from jax_sharding_ext._checkpoint.metadata import TS_CONTEXT
 RECORD_PREFIX = "jax_sharding_ext.chunks."
 """Key prefix of the chunk records in an array's directory (then the process index)."""
 _FORMAT = 1
-_SELF_CHECKING_V2 = frozenset({"gzip", "zlib", "bz2"})  # zarr v2 compressors with a checksum
-_SELF_CHECKING_V3 = frozenset({"gzip", "crc32c"})
+# Codecs that end each chunk with a checksum of its contents: its length in bytes.
+_TAIL_V2 = {"gzip": 8, "zlib": 4}
+_TAIL_V3 = {"gzip": 8, "crc32c": 4}
 
 Region = Sequence[tuple[int, int]]  # (start, stop) per dimension
 
@@ -70,7 +82,8 @@ class Grid:
   shape: tuple[int, ...]
   chunk: tuple[int, ...]
   key: Callable[[tuple[int, ...]], str]
-  checksummed: bool  # the codec checks nothing itself: the record holds a crc32
+  check: str  # the kind of fingerprint recorded per chunk: CRC32 or "tail<n>"
+  layout: dict  # how values are laid out in a chunk (zarr v2 `order`, byte order)
 
   def cells(self, regions: Sequence[Region]) -> list[tuple[int, ...]]:
     """The chunks (grid positions) that meet any of `regions`, in order."""
@@ -98,13 +111,20 @@ def _zarr3_key(encoding: dict) -> Callable[[tuple[int, ...]], str]:
   return lambda cell: "c" + "".join(f"{sep}{i}" for i in cell)
 
 
-def _zarr3_checksummed(codecs: Sequence[Any]) -> bool:
-  for codec in codecs:
-    name = codec.get("name") if isinstance(codec, dict) else codec
-    config = codec.get("configuration") or {} if isinstance(codec, dict) else {}
-    if name in _SELF_CHECKING_V3 or (name == "zstd" and config.get("checksum")):
-      return False
-  return True
+def _zarr3_check(codecs: Sequence[Any]) -> str:
+  """The fingerprint of a zarr3 chunk: the checksum the last codec appends, if any."""
+  if not codecs:
+    return CRC32
+  names = [c.get("name") if isinstance(c, dict) else c for c in codecs]
+  last = codecs[-1]
+  config = (last.get("configuration") or {}) if isinstance(last, dict) else {}
+  if "sharding_indexed" in names:  # a file holds many chunks and an index
+    return CRC32
+  if names[-1] in _TAIL_V3:
+    return f"tail{_TAIL_V3[names[-1]]}"
+  if names[-1] == "zstd" and config.get("checksum"):
+    return "tail4"
+  return CRC32
 
 
 def grid_of(t: ts.TensorStore) -> tuple[Grid | None, str]:
@@ -119,15 +139,23 @@ def grid_of(t: ts.TensorStore) -> tuple[Grid | None, str]:
 def _grid(driver: Any, metadata: dict, shape: tuple[int, ...]) -> Grid | None:
   if driver == "zarr" and "chunks" in metadata:
     compressor = (metadata.get("compressor") or {}).get("id")
+    tail = _TAIL_V2.get(compressor)
     return Grid(shape, tuple(int(c) for c in metadata["chunks"]),
                 _zarr_v2_key(metadata.get("dimension_separator", ".")),
-                compressor not in _SELF_CHECKING_V2)
+                f"tail{tail}" if tail else CRC32,
+                {"order": metadata.get("order", "C"), "byte_order": _byte_order(metadata)})
   grid = metadata.get("chunk_grid") or {}
   if driver == "zarr3" and grid.get("name") == "regular":
     return Grid(shape, tuple(grid["configuration"]["chunk_shape"]),
                 _zarr3_key(metadata.get("chunk_key_encoding") or {"name": "default"}),
-                _zarr3_checksummed(metadata.get("codecs") or ()))
+                _zarr3_check(metadata.get("codecs") or ()), {})
   return None
+
+
+def _byte_order(metadata: dict) -> str:
+  """The byte order of a zarr v2 array's values ('<' unless its dtype says '>')."""
+  dtype = metadata.get("dtype")
+  return ">" if isinstance(dtype, str) and dtype.startswith(">") else "<"
 
 
 def _grid_of_new(spec: Any) -> tuple[Grid | None, str] | None:
@@ -186,19 +214,19 @@ async def _write_record(regions: Sequence[Region], spec: Any, fresh: bool) -> No
   alone = jax.process_count() == 1
   cells = grid.cells(regions)
   keys = [grid.key(c) for c in cells]
-  summed = [grid.checksummed and (alone or any(grid.inside(c, r) for r in regions))
-            for c in cells]
-  crcs = await asyncio.gather(*(directory.crc(k) if s else _none() for k, s in zip(keys, summed,
-                                                                                    strict=True)))
-  for key, crc, s in zip(keys, crcs, summed, strict=True):
-    if s and crc is None:
+  # A chunk this process alone wrote holds what it wrote: fingerprint it.
+  own = [alone or any(grid.inside(c, r) for r in regions) for c in cells]
+  prints = await asyncio.gather(*(directory.fingerprint(k, grid.check) if o else _none()
+                                  for k, o in zip(keys, own, strict=True)))
+  for key, fp, o in zip(keys, prints, own, strict=True):
+    if o and fp is None:
       raise RuntimeError(f"The chunk '{key}' just written to '{directory.loc.text}' is not "
                          "there; the checkpoint was not committed.")
   record = {"format": _FORMAT, "written_by": "jax_sharding_ext",
             "process": jax.process_index(), "processes": jax.process_count(),
             "shape": list(grid.shape), "dtype": dtype, "chunk_shape": list(grid.chunk),
-            "checksum": "crc32" if grid.checksummed else None,
-            "chunks": dict(zip(keys, crcs, strict=True))}
+            "layout": grid.layout, "checksum": grid.check,
+            "chunks": dict(zip(keys, prints, strict=True))}
   await directory.put(RECORD_PREFIX + str(jax.process_index()),
                       json.dumps(record, separators=(",", ":")).encode())
 
@@ -286,7 +314,8 @@ async def _read_records(directory: Directory, at: str) -> dict | None:
   return merged
 
 
-_SAME_IN_EVERY_RECORD = ("format", "processes", "shape", "dtype", "chunk_shape")
+_SAME_IN_EVERY_RECORD = ("format", "processes", "shape", "dtype", "chunk_shape", "layout",
+                         "checksum")
 
 
 def _parsed(record: bytes) -> dict:
@@ -296,7 +325,7 @@ def _parsed(record: bytes) -> dict:
     raise ValueError(f"format {out['format']!r} is not {_FORMAT} (a newer jax_sharding_ext "
                      "may read it)")
   if not (isinstance(out["processes"], int) and out["processes"] > 0
-          and isinstance(out["chunks"], dict)
+          and isinstance(out["chunks"], dict) and _valid_check(out.get("checksum"))
           and all(c is None or isinstance(c, int) for c in out["chunks"].values())):
     raise ValueError("unexpected contents")
   missing = [f for f in _SAME_IN_EVERY_RECORD if f not in out]
@@ -317,11 +346,12 @@ async def check_read(spec: Any, t: ts.TensorStore, sharding: jax.sharding.Shardi
   if record is None:
     return
   found, dtype = grid_of(t)
-  stored = (list(found.shape), dtype, list(found.chunk)) if found else None
-  if found is None or stored != (record["shape"], record["dtype"], record["chunk_shape"]):
-    raise _damaged(at, directory.loc, f"its metadata (shape, dtype, chunk shape {stored}) "
-                   "differs from the recorded "
-                   f"{(record['shape'], record['dtype'], record['chunk_shape'])}")
+  stored = (list(found.shape), dtype, list(found.chunk), found.layout) if found else None
+  recorded = (record["shape"], record["dtype"], record["chunk_shape"], record["layout"])
+  if found is None or stored != recorded:
+    raise _damaged(at, directory.loc, f"its metadata (shape, dtype, chunk shape, layout "
+                   f"{stored}) differs from the recorded {recorded}")
+  check = record["checksum"]
   regions = []
   for index in sharding.addressable_devices_indices_map(tuple(shape)).values():
     region = [(max(0, lo), min(hi, n))
@@ -334,7 +364,7 @@ async def check_read(spec: Any, t: ts.TensorStore, sharding: jax.sharding.Shardi
     if key not in chunks:
       raise _damaged(at, directory.loc, f"no chunk record names its chunk '{key}'")
   if directory.loc.local_dir is not None:  # stat every chunk here, read only changed ones
-    keys = _unchecked_local(directory.loc, keys, chunks, at)
+    keys = _unchecked_local(directory.loc, keys, chunks, check, at)
 
   async def one(key: str) -> None:
     want = chunks[key]
@@ -342,20 +372,26 @@ async def check_read(spec: Any, t: ts.TensorStore, sharding: jax.sharding.Shardi
       if not await directory.exists(key):
         raise _damaged(at, directory.loc, f"its chunk '{key}' is missing")
       return
-    got = await directory.crc(key, want)
+    got = await directory.fingerprint(key, check, want)
     if got is None:
       raise _damaged(at, directory.loc, f"its chunk '{key}' is missing")
     if got != want:
-      raise _damaged(at, directory.loc, f"its chunk '{key}' has crc32 {got:08x}, but "
-                     f"{want:08x} was recorded when it was written")
+      what = "crc32" if check == CRC32 else f"last {check[4:]} bytes (the codec's checksum)"
+      raise _damaged(at, directory.loc, f"its chunk '{key}' has {what} {got:x}, but {want:x} "
+                     "was recorded when it was written: it was changed or replaced")
   await asyncio.gather(*map(one, keys))
 
 
-def _unchecked_local(loc: locations.Location, keys: Sequence[str], chunks: dict,
+def _valid_check(check: Any) -> bool:
+  return check == CRC32 or (isinstance(check, str) and check.startswith("tail")
+                            and check[4:].isdigit() and 0 < int(check[4:]) <= 16)
+
+
+def _unchecked_local(loc: locations.Location, keys: Sequence[str], chunks: dict, check: str,
                      at: str) -> list[str]:
   """The chunk files of a local directory among `keys` that need their bytes
-  checked (a crc32 recorded, and changed since last checked); a missing one
-  raises."""
+  checked (a fingerprint recorded, and changed since last checked); a
+  missing one raises."""
   out = []
   local_dir = cast(str, loc.local_dir)  # called for local directories only
   for key in keys:
@@ -364,7 +400,7 @@ def _unchecked_local(loc: locations.Location, keys: Sequence[str], chunks: dict,
     except FileNotFoundError:
       raise _damaged(at, loc, f"its chunk '{key}' is missing") from None
     want = chunks[key]
-    if want is not None and checked.get((loc.key, key)) != (file_state(st), want):
+    if want is not None and checked.get((loc.key, key)) != (file_state(st), check, want):
       out.append(key)
   return out
 

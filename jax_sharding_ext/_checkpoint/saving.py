@@ -1,6 +1,6 @@
-"""How a save runs: check the targets, mark them uncommitted, write every
-array with stock `array_serialization`, record the chunks written
-(`integrity`), and commit."""
+"""How a save runs: check the targets and that the transfer guard allows the
+copies to the host, mark them uncommitted, write every array with stock
+`array_serialization`, record the chunks written (`integrity`), and commit."""
 
 from __future__ import annotations
 
@@ -13,15 +13,41 @@ import jax
 
 from jax_sharding_ext._checkpoint import checks, integrity, locations, markers, running
 from jax_sharding_ext._jax import checkpoint as jax_checkpoint
+from jax_sharding_ext._jax import transfer as jax_transfer
+from jax_sharding_ext._transfers.guard import D2D, D2H
+
+_REFUSING = frozenset({"disallow", "disallow_explicit"})
 
 
-async def prepare(fn: str, specs: Sequence[dict], choice: str) -> tuple[list, list[bool]]:
-  """Check the targets (refusing leaves them intact), then mark them
-  uncommitted; return the opened marker stores, and for each spec whether
-  nothing was stored there before."""
+async def check_host_copy(fn: str, arrs: Sequence[jax.Array]) -> None:
+  """Raise before anything is written if the transfer guard refuses the
+  copies of the shards to the host that stock's writes make (exactly as it
+  would refuse them: the first step of stock's write is tried on a one-byte
+  array). Stock would raise at its first shard, with its other shards and
+  arrays part written, and every earlier checkpoint at those paths damaged."""
+  if not any(jax_transfer.transfer_guard_level(d) in _REFUSING for d in (D2H, D2D)):
+    return
+  shards = next((a.addressable_shards for a in arrs if a.addressable_shards), None)
+  if shards is None:
+    return
+  error = await jax_checkpoint.host_copy_error(shards[0].device)
+  if error is not None:
+    # jaxlib's error first (its type and prefix, as for a guarded transfer).
+    raise type(error)(
+        f"{error}. {fn} refused this before writing anything: what is stored at the target "
+        "paths is unchanged. A save copies each shard from its device to the host; allow "
+        "that around the save with `with jax.transfer_guard(\"allow\"):`.") from None
+
+
+async def prepare(fn: str, arrs: Sequence[jax.Array], specs: Sequence[dict],
+                  choice: str) -> tuple[list, list[bool]]:
+  """Check the targets and the transfer guard (refusing leaves the targets
+  intact), then mark them uncommitted; return the opened marker stores, and
+  for each spec whether nothing was stored there before."""
   fresh = [locations.new_local_path(s) for s in specs]
-  stores, _ = await asyncio.gather(markers.marker_stores(specs),
-                                   checks.check_targets(fn, specs, choice))
+  stores, _, _ = await asyncio.gather(markers.marker_stores(specs),
+                                      checks.check_targets(fn, specs, choice),
+                                      check_host_copy(fn, arrs))
   await markers.mark(stores, True)
   await integrity.forget_records(specs)
   return stores, fresh
@@ -32,7 +58,7 @@ async def save(fn: str, arrs: Sequence[jax.Array], specs: Sequence[dict], choice
   """`prepare`, write every array (stock's `run_serialization`, as a
   coroutine) and record its chunks, then, with `commit`, mark the targets
   committed."""
-  stores, fresh = await prepare(fn, specs, choice)
+  stores, fresh = await prepare(fn, arrs, specs, choice)
   regions = [integrity.written_regions(a) for a in arrs]
   await asyncio.gather(*(jax_checkpoint.async_serialize(a, s) for a, s in zip(arrs, specs, strict=True)))
   await integrity.write_records(regions, specs, fresh)

@@ -8,7 +8,8 @@ Touches: `serialization.async_serialize` / `async_deserialize` /
 `GlobalAsyncCheckpointManager`, `tensorstore_impl.estimate_read_memory_footprint`,
 `serialization._CHECKPOINT_SUCCESS`, `serialization._LimitInFlightBytes`,
 `tensorstore_impl._spec_has_metadata`, `tensorstore_impl._get_tensorstore_metadata`,
-`tensorstore_impl._TS_CHUNK_LAYOUT`, and overrides `AsyncManager._add_futures`
+`tensorstore_impl._TS_CHUNK_LAYOUT`, `tensorstore_impl._transfer_shard_to_host`,
+and overrides `AsyncManager._add_futures`
 (`ExtraCommitFutures`). Checked against JAX 0.10.2 (Python 3.11) and
 0.12.0.1 (Python 3.12). Imported only by `jax_sharding_ext.serialization`
 and its `_checkpoint/` helpers (tensorstore is an optional extra).
@@ -23,6 +24,7 @@ or the checkpoint tests fail naming the call.
 from __future__ import annotations
 
 import jax
+import numpy as np
 from jax.experimental.array_serialization import serialization as _stock
 from jax.experimental.array_serialization import tensorstore_impl as _ts_impl
 
@@ -50,6 +52,7 @@ try:
   """Stock's zarr metadata for an array (`(arr, driver=...)`)."""
   TS_CHUNK_LAYOUT = _ts_impl._TS_CHUNK_LAYOUT
   """Stock's chunk layout for tensorstore writes."""
+  _transfer_shard_to_host = _ts_impl._transfer_shard_to_host
   _stock.AsyncManager._add_futures  # noqa: B018  (overridden below; must exist)
 except AttributeError as e:  # pragma: no cover - only on an unsupported JAX
   raise UnsupportedJaxVersionError(
@@ -77,3 +80,16 @@ class ExtraCommitFutures:
   def _add_futures(self, futures):
     extra = self._jse_extra_commit
     super()._add_futures(list(futures) + ([] if extra is None else [extra(futures)]))
+
+
+async def host_copy_error(device: jax.Device) -> Exception | None:
+  """The error stock's copy of a shard to the host (the first step of its
+  write of each shard) raises on `device` under this thread's transfer
+  guard, tried on a one-byte array; None when the copy is allowed."""
+  with jax.transfer_guard("allow"):
+    probe = jax.device_put(np.zeros((1,), np.uint8), device)
+  try:
+    await _transfer_shard_to_host(probe.addressable_shards[0])
+  except Exception as e:  # the guard's refusal, whatever its type
+    return e
+  return None
