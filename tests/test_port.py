@@ -86,7 +86,7 @@ def assert_imports_resolve(source):
   pairs = list(replaced_imports(source))
   for module, name in pairs:
     mod = importlib.import_module(module)
-    assert hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}"), (module, name)
+    assert name == "*" or hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}"), (module, name)
   return pairs
 
 
@@ -294,7 +294,9 @@ CASES = {
     "star imports": ("from jax.experimental.global_device_array import *\n"
                      "from jax.experimental.maps import *\n"
                      "from jax.experimental.multihost_utils import *\n",
-                     [("JSE307", 1), ("JSE307", 2)]),
+                     [("JSE108", 1), ("JSE307", 2)]),
+    "a lock named mesh": ("import threading\nimport jax\nmesh = threading.Lock()\n"
+                          "with mesh:\n  pass\n", []),
     "shadowed names": ("from jax.experimental.pjit import pjit\ndef f(pjit, jax):\n"
                        "  return pjit, jax.tree_map\nclass C:\n  jax = None\n",
                        [("JSE103", 1)]),
@@ -346,6 +348,27 @@ def test_no_finding_without_gda_era_code():
      "except ImportError:\n  pass\n",
      "try:\n  from jax_sharding_ext.serialization import run_serialization\n"
      "except ImportError:\n  pass\n"),
+    # A star import: the names the module uses from it that moved are imported
+    # after it (the module is still in JAX), instead of it (it is gone), or the
+    # star comes from this package's module that replaces it whole.
+    ("from jax.experimental.pjit import *  # legacy\nf = pjit(g, FROM_GDA, P('x'))\n",
+     "from jax.experimental.pjit import *  # legacy\n"
+     "from jax_sharding_ext import pjit, FROM_GDA\nf = pjit(g, FROM_GDA, P('x'))\n"),
+    ("if True:\n  from jax.experimental.multihost_utils import *\n"
+     "  y = process_allgather(x); sync_global_devices('a')\n",
+     "if True:\n  from jax.experimental.multihost_utils import *\n"
+     "  from jax_sharding_ext.multihost_utils import process_allgather\n"
+     "  y = process_allgather(x); sync_global_devices('a')\n"),
+    ("from jax.experimental.maps import *\nm = Mesh(d, ('x',))\n",
+     "from jax_sharding_ext import Mesh\nm = Mesh(d, ('x',))\n"),
+    ("from jax.experimental.global_device_array import *\ng = GlobalDeviceArray\n",
+     "from jax_sharding_ext.global_device_array import *\ng = GlobalDeviceArray\n"),
+    # Only a value that may be a `Mesh` enters the mesh context.
+    ("import jax, threading\nmesh = threading.Lock()\nwith mesh:\n  pass\n",
+     "import jax, threading\nmesh = threading.Lock()\nwith mesh:\n  pass\n"),
+    ("import jax\nfrom jax.sharding import Mesh\nmesh = Mesh(d, ('x',))\nwith mesh:\n  pass\n",
+     "import jax\nfrom jax.sharding import Mesh\nmesh = Mesh(d, ('x',))\n"
+     "with jax.set_mesh(mesh):\n  pass\n"),
 ])
 def test_rewrite_keeps_formatting_names_and_comments(before, after):
   assert port.fix(before) == after

@@ -152,6 +152,7 @@ class Directory:
     again."""
     tail = 0 if check == CRC32 else int(check[4:])
     cached = checked.get((self.loc.key, key))
+    state: Any
     if self.loc.local_dir is not None:
       path = os.path.join(self.loc.local_dir, key)
       try:

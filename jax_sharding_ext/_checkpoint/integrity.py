@@ -139,7 +139,7 @@ def grid_of(t: ts.TensorStore) -> tuple[Grid | None, str]:
 def _grid(driver: Any, metadata: dict, shape: tuple[int, ...]) -> Grid | None:
   if driver == "zarr" and "chunks" in metadata:
     compressor = (metadata.get("compressor") or {}).get("id")
-    tail = _TAIL_V2.get(compressor)
+    tail = _TAIL_V2.get(str(compressor))
     return Grid(shape, tuple(int(c) for c in metadata["chunks"]),
                 _zarr_v2_key(metadata.get("dimension_separator", ".")),
                 f"tail{tail}" if tail else CRC32,

@@ -10,11 +10,14 @@ renamed (`_rules.RENAMES`: fixed in place), reported (`_reports.REPORTS`), or,
 under `jax`, checked against the installed JAX (`JSE311` when missing). The
 rules on values (`with mesh:`, `.device_buffers`, ...) are in `_values`. An
 import of a removed name that nothing uses once the rewrites are made goes.
+A `from M import *` of a GDA-era module is judged by the names the module
+uses and binds nowhere (`_star_imports`).
 """
 
 from __future__ import annotations
 
 import ast
+from typing import cast
 
 from jax_sharding_ext.port import _imports, _jaxnames, _names, _reports, _rules, _scope, _values
 from jax_sharding_ext.port._context import Context, is_jax
@@ -207,11 +210,96 @@ def analyze(tree: ast.Module, ctx: Context) -> None:
   for stmt in walk.imports:
     if id(stmt.node) in drops:
       plans[id(stmt.node)] = _plan(stmt, ctx, drops[id(stmt.node)])
+  fixed_stars = _star_imports(ctx)
   for stmt in walk.imports:
     plan = plans[id(stmt.node)]
-    ctx.notes.extend(plan.notes)
+    if id(stmt.node) not in fixed_stars:
+      ctx.notes.extend(plan.notes)
     if plan.changed:
       ctx.plans[id(stmt.node)] = plan
+
+
+def _free_names(ctx: Context) -> dict[str, ast.expr]:
+  """The names the module uses and binds nowhere (a star import's, or
+  builtins), each with its first use."""
+  out: dict[str, ast.expr] = {}
+  for node, parts, scope in ctx.walk.uses:
+    if parts[0] not in out and not ctx.bindings(parts[0], scope):
+      out[parts[0]] = node
+  return out
+
+
+def _star_imports(ctx: Context) -> set[int]:
+  """`from M import *` of a GDA-era JAX module: the names the module uses
+  unbound that M provided and that moved. With the module still in JAX,
+  `--write` adds their imports after the statement; with it gone, the
+  statement imports them instead (or, where this package replaces the module
+  whole, `*` from this package's module). A name M provided that has no
+  same-meaning replacement is reported at its use. Returns the star
+  statements fixed here (their plain module finding is left out)."""
+  stars = [s.node for s in ctx.walk.imports
+           if isinstance(s.node, ast.ImportFrom) and s.node.names[0].name == "*"
+           and s.node.module and not s.node.level and is_jax(s.node.module)]
+  if not stars:
+    return set()
+  free = _free_names(ctx)
+  fixed = set()
+  for node in stars:
+    module = cast(str, node.module)
+    moved: dict[str, list[str]] = {}  # target module -> import clauses
+    names, whys = [], []
+    for name, use in free.items():
+      symbol = f"{module}.{name}"
+      fix = _rules.fix_for(symbol)
+      if fix is not None:
+        new = fix.new_name or name
+        moved.setdefault(fix.targets[0], []).append(new if new == name else f"{new} as {name}")
+        names.append(f"`{name}`")
+        whys += [fix.why] if fix.why not in whys else []
+      elif symbol in _reports.REPORTS:
+        report = _reports.REPORTS[symbol]
+        ctx.note(use, report.code, _reports.render(symbol, report, ctx.shown(use)))
+    replacement = _rules.replaced_module(module)
+    gone = not _jaxnames.has(module)
+    start, end = ctx.text.start(node), ctx.text.end(node)
+    if gone and replacement is not None:
+      at = start + ctx.text.text[start:end].index(module, len("from"))
+      edits = [Edit(at, at + len(module), replacement)]
+      lines = [f"from {replacement} import *"]
+    elif moved:
+      lines = [f"from {m} import {', '.join(names)}" for m, names in moved.items()]
+      if gone:  # the statement would fail: it becomes the imports
+        edits = [Edit(start, end, _joined(ctx, node, lines))]
+      else:
+        edits = [_after_line(ctx, node, lines)]
+        lines = [f"from {module} import *", *lines]
+    else:
+      continue
+    if not names:  # a whole module this package replaces, none of its names used
+      names, whys = ["its names"], [_rules.module_why(module)]
+    ctx.note(node, "JSE108", _reports.JSE108.format(
+        module=module, names=", ".join(names), why="; ".join(whys),
+        new="; ".join(f"`{line}`" for line in lines)), edits)
+    fixed.add(id(node))
+  return fixed
+
+
+def _indent(ctx: Context, node: ast.stmt) -> str:
+  line = ctx.text.line(node.lineno)
+  return line[:len(line) - len(line.lstrip())]
+
+
+def _joined(ctx: Context, node: ast.stmt, lines: list[str]) -> str:
+  """`lines` as statements at `node`'s indentation (the first one unindented)."""
+  return (ctx.text.newline + _indent(ctx, node)).join(lines)
+
+
+def _after_line(ctx: Context, node: ast.stmt, lines: list[str]) -> Edit:
+  """Insert `lines`, at `node`'s indentation, after the line `node` ends on
+  (after its comment)."""
+  at, nl = ctx.text.line_end(cast(int, node.end_lineno)), ctx.text.newline
+  lead = nl if not ctx.text.text[:at].endswith(("\n", "\r")) else ""
+  return Edit(at, at, lead + "".join(_indent(ctx, node) + line + nl for line in lines))
 
 
 def import_notes(ctx: Context) -> list[Note]:

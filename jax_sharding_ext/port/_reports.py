@@ -105,6 +105,7 @@ REMOVED_OPTIONS = {
     for option in ("experimental_xmap_spmd_lowering", "experimental_xmap_spmd_lowering_manual")
 }
 
+JSE108 = "`from {module} import *`: this module uses {names} from it ({why}); use {new}"
 JSE201 = ("`{shown}`: `{option}` is an option of this package, not of stock JAX ({why}); "
           "`import jax_sharding_ext` defines it")
 JSE202 = ("`{shown}`: `{option}` is an option of this package, not of stock JAX ({why}); "
@@ -162,6 +163,7 @@ CODES = {
     "JSE105": "`multihost_utils` (or one of its GDA-taking functions): import this package's",
     "JSE106": "`gda_serialization.serialization`: import this package's `serialization`",
     "JSE107": "`with_sharding_constraint` from `jax.experimental.pjit`: import it from `jax.lax`",
+    "JSE108": "`from <GDA-era module> import *`: import the names it no longer provides",
     "JSE201": "reads `jax_array` / `jax_parallel_functions_output_gda`: import this package",
     "JSE202": "sets an option this package defines: import this package first",
     "JSE203": "stock `multihost_utils` reached through a module: this package's",

@@ -175,6 +175,11 @@ def package_modules() -> frozenset[str]:
   return frozenset(m for _c, m, _w, _g in _MODULE_FIXES.values())
 
 
+def module_why(symbol: str) -> str:
+  """Why this package replaces the whole module `symbol`."""
+  return _MODULE_FIXES[symbol][2]
+
+
 def is_gone_module(symbol: str) -> bool:
   """True for a whole module this package replaces that today's JAX no longer has."""
   return symbol in _MODULE_FIXES and _MODULE_FIXES[symbol][3]

@@ -110,16 +110,22 @@ def _mesh_value(ctx: Context, func: ast.expr, scope: _scope.Scope) -> bool:
   if parts is None or ctx.bindings(parts[0], scope):
     return False
   text = ".".join(parts)
-  named = bool(_MESH_VALUE.match(parts[-1])) and parts[-1] not in ctx.walk.functions
-  return named or text in _mesh_names(ctx)
+  named = (bool(_MESH_VALUE.match(parts[-1])) and parts[-1] not in ctx.walk.functions
+           and text not in _mesh_names(ctx)[1])
+  return named or text in _mesh_names(ctx)[0]
 
 
-def _mesh_names(ctx: Context) -> set[str]:
+def _mesh_names(ctx: Context) -> tuple[set[str], set[str]]:
+  """(the names assigned a `Mesh` call somewhere in the module, the names
+  assigned only calls of other imported callables, such as
+  `threading.Lock()`: not a `Mesh`, whatever the name says)."""
   cached = getattr(ctx, "_mesh_names", None)
   if cached is None:
-    cached = {name for name, call in ctx.walk.mesh_assigned
-              if is_mesh_call(ctx, call, ctx.walk.module)}
-    ctx._mesh_names = cached  # type: ignore[attr-defined]
+    module = ctx.walk.module
+    meshes = {name for name, call in ctx.walk.mesh_assigned if is_mesh_call(ctx, call, module)}
+    others = {name for name, call in ctx.walk.mesh_assigned
+              if name not in meshes and ctx.symbols(call.func, module)}
+    cached = ctx._mesh_names = (meshes, others)  # type: ignore[attr-defined]
   return cached
 
 
@@ -142,7 +148,8 @@ def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
   if isinstance(expr, ast.Name | ast.Attribute) and _scope.chain(expr):
     last = expr.id if isinstance(expr, ast.Name) else expr.attr
     text = ".".join(_scope.chain(expr) or [])
-    is_mesh = bool(_MESH_NAME.search(last)) or text in _mesh_names(ctx)
+    meshes, others = _mesh_names(ctx)
+    is_mesh = (bool(_MESH_NAME.search(last)) and text not in others) or text in meshes
     if is_mesh and ctx.bindings(_scope.chain(expr)[0], scope):  # type: ignore[index]
       is_mesh = False  # an imported name (`maps.mesh`, `jax.sharding.set_mesh`), not a value
   else:
