@@ -543,7 +543,7 @@ def notebook(cells, code=True):
 def test_notebook_code_cells_are_checked_and_rewritten(cli, tmp_path):
   path = tmp_path / "n.ipynb"
   cells = ["!pip install jax\n%matplotlib inline\nimport jax\n" + MAPS,
-           "%%time\njax.tree_map(f, x)",  # a cell magic: not Python, left alone
+           "%%writefile f.txt\njax.tree_map(f, x)",  # a cell magic's text: left alone
            "x = jax.tree_leaves(y)\ndisplay?",
            "def broken(:"]
   path.write_text(notebook(cells))
@@ -557,6 +557,31 @@ def test_notebook_code_cells_are_checked_and_rewritten(cli, tmp_path):
                      cells[1], "x = jax.tree_util.tree_leaves(y)\ndisplay?", cells[3]]
   assert path.read_text().startswith('{\n "cells": [\n  {\n')  # its JSON layout kept
   assert cli(path)[:2] == (2, [])
+
+
+def test_python_under_ipython_magics_is_checked_and_rewritten(cli, tmp_path):
+  """IPython runs the argument of `%time` / `%timeit` and the body of a
+  `%%time` / `%%timeit` / `%%capture` cell as Python: it is checked, with
+  the places in the cell, and rewritten with the magic kept. Another cell
+  magic's body is not Python and is left alone."""
+  path = tmp_path / "n.ipynb"
+  cells = ["import jax\n%time y = jax.tree_map(f, x)",
+           "%timeit -n 3 -r 2 jax.tree_leaves(y)  # bench",
+           "%%time\nz = jax.tree_map(f, x)\n%time w = 1",
+           "%%capture out\njax.tree_leaves(z)",
+           "%%bash\necho jax.tree_map",
+           "def g():\n    %time q = jax.tree_map(f, x)\n    return q"]
+  path.write_text(notebook(cells))
+  status, found, out, err = cli(path)
+  assert status == 1 and "does not parse" not in err, err
+  assert [ln.split(": ")[0] for ln in out.splitlines()] == [
+      f"{path}:cell 1:2:11", f"{path}:cell 2:1:19", f"{path}:cell 3:2:5", f"{path}:cell 4:2:1",
+      f"{path}:cell 6:2:15"]
+  cli("--write", path)
+  sources = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
+  assert sources == [c.replace("jax.tree_", "jax.tree_util.tree_") for c in cells[:4]] + [
+      cells[4], cells[5].replace("jax.tree_", "jax.tree_util.tree_")]
+  assert cli(path)[:2] == (0, [])
 
 
 def test_a_notebook_gets_the_package_import_in_the_cell_that_imports_jax(tmp_path):

@@ -16,7 +16,7 @@ import difflib
 import pathlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from jax_sharding_ext.port import LIBCST_MISSING, _files
 from jax_sharding_ext.port._finding import Finding
@@ -133,12 +133,15 @@ def _write(run: _Run, shown: str, path: str, data: bytes) -> None:
     run.error(f"{shown}: cannot write: {e.strerror or e}")
 
 
-def _in_cells(findings: list[Finding], shown: str, starts: dict[int, int]) -> list[Finding]:
+def _in_cells(findings: list[Finding], shown: str, nb: Any, text: str) -> list[Finding]:
+  """`findings` in `text` (a notebook's `module_text`) as places in its cells."""
   from jax_sharding_ext.port import _notebook
+  starts, lines = _notebook.cell_starts(text), text.split("\n")
   out = []
   for f in findings:
     number, line = _notebook.locate(starts, f.line)
-    out.append(dataclasses.replace(f, path=f"{shown}:cell {number}", line=line))
+    out.append(dataclasses.replace(f, path=f"{shown}:cell {number}", line=line,
+                                   col=_notebook.column(nb, lines[f.line - 1], f.col)))
   return out
 
 
@@ -158,7 +161,7 @@ def _notebook_file(run: _Run, shown: str, path: str, raw: bytes) -> None:
   if not (run.args.write or run.args.diff):
     findings = run.engine.check_text(text, shown)  # type: ignore[attr-defined]
     run.fixable += sum(f.fixable and not run.ignore(f) for f in findings)
-    run.report(_in_cells(findings, shown, _notebook.cell_starts(text)))
+    run.report(_in_cells(findings, shown, nb, text))
     return
   fixed, before, left = _fix(run, text, shown)
   data = _notebook.dump(nb, fixed) if fixed != text else raw
@@ -172,7 +175,7 @@ def _notebook_file(run: _Run, shown: str, path: str, raw: bytes) -> None:
   run.fixed += sum(f.fixable for f in before)
   if data != raw:
     _write(run, shown, path, data)
-  run.report(_in_cells(left, shown, _notebook.cell_starts(fixed)))
+  run.report(_in_cells(left, shown, nb, fixed))
 
 
 def _one(run: _Run, shown: str, path: str) -> None:

@@ -2,9 +2,12 @@
 
 The code cells run in one namespace, so they are checked as one module (an
 import in the first cell serves the last). IPython lines (`%magic`, `!shell`,
-`name?`) are held out as `pass` placeholders and put back as they were; a
-cell run by a cell magic (`%%time`, `%%bash`) is left out whole, as is a cell
-that does not parse (reported). Findings name the cell: `nb.ipynb:cell 3`.
+`name?`) are held out as `pass` placeholders and put back as they were. The
+Python that IPython runs under a magic is checked as Python: the code of a
+`%time` / `%timeit` line (the magic put back in front of it), and the body of
+a `%%time` / `%%timeit` / `%%capture` cell (its first line held out). A cell
+run by another cell magic (`%%bash`) is left out whole, as is a cell that
+does not parse (reported). Findings name the cell: `nb.ipynb:cell 3`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ _CELL = "# <jax-sharding-ext-port cell {}>"
 _CELL_LINE = re.compile(r"^# <jax-sharding-ext-port cell (\d+)>$", re.M)
 _HELD = "pass  # <jax-sharding-ext-port held {}>"
 _HELD_LINE = re.compile(r"^([ \t]*)pass  # <jax-sharding-ext-port held (\d+)>$", re.M)
+# A line magic whose argument is a Python statement, and its options.
+_CODE_MAGIC = re.compile(r"^(\s*)(%(?:time|timeit)(?:\s+-[A-Za-z](?:\s*[\d.]+)?)*\s+)(\S.*)$")
+_PREFIXED = "{}  # <jax-sharding-ext-port magic {}>"
+_PREFIXED_LINE = re.compile(r"^([ \t]*)(.*)  # <jax-sharding-ext-port magic (\d+)>$", re.M)
+_PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture"})
 
 
 @dataclasses.dataclass
@@ -53,9 +61,14 @@ def load(raw: bytes, path: str) -> Notebook:
     if not isinstance(cell, dict) or cell.get("cell_type") != "code":
       continue
     source = _source(cell)
+    lines = source.split("\n")
     if source.lstrip().startswith("%%"):
-      continue
-    masked = "\n".join(_hold(nb, line) for line in source.split("\n"))
+      magic = source.lstrip()[2:].split(None, 1)
+      if not magic or magic[0] not in _PYTHON_CELL_MAGICS or lines[0].startswith((" ", "\t")):
+        continue
+      nb.held.append(lines[0])  # the magic's line; its body is Python
+      lines[0] = _HELD.format(len(nb.held) - 1)
+    masked = "\n".join(_hold(nb, line) for line in lines)
     try:
       ast.parse(masked, f"{path}:cell {number}")
     except SyntaxError as e:
@@ -69,6 +82,12 @@ def load(raw: bytes, path: str) -> Notebook:
 
 
 def _hold(nb: Notebook, line: str) -> str:
+  if _HELD_LINE.match(line):
+    return line
+  code = _CODE_MAGIC.match(line)
+  if code is not None:  # `%time x = f()`: the statement, the magic remembered
+    nb.held.append(code.group(2))
+    return code.group(1) + _PREFIXED.format(code.group(3), len(nb.held) - 1)
   m = _MAGIC.match(line)
   if m is None:
     return line
@@ -102,10 +121,20 @@ def locate(starts: dict[int, int], line: int) -> tuple[int, int]:
   return number, line - starts[number] + 1
 
 
+def column(nb: Notebook, line_text: str, col: int) -> int:
+  """The column in the cell of column `col` of a `module_text` line: past the
+  magic of a `%time` line that was held out in front of its code."""
+  m = _PREFIXED_LINE.match(line_text)
+  if m is None or col <= len(m.group(1)):
+    return col
+  return col + len(nb.held[int(m.group(3))])
+
+
 def dump(nb: Notebook, text: str) -> bytes:
   """The notebook with its code cells replaced by those in `text` (a rewritten
   `module_text`)."""
   text = _HELD_LINE.sub(lambda m: nb.held[int(m.group(2))], text)
+  text = _PREFIXED_LINE.sub(lambda m: m.group(1) + nb.held[int(m.group(3))] + m.group(2), text)
   pieces = _CELL_LINE.split(text)
   for i in range(1, len(pieces), 2):
     number, source = int(pieces[i]), pieces[i + 1]
