@@ -230,6 +230,29 @@ def test_members_of_a_deleted_gda(mesh_2d, name):
       fn(g)
 
 
+@pytest.mark.parametrize("op", [
+    lambda x: jnp.asarray(x), lambda x: jnp.array(x, copy=False), lambda x: x.astype(x.dtype),
+    lambda x: x[...], lambda x: x.reshape(x.shape), lambda x: x.to_device(x.sharding),
+    lambda x: x.T if x.ndim < 2 else x.T.T, lambda x: x.real,
+    lambda x: jax.device_put(x), lambda x: jax.device_put(x, x.sharding)])
+def test_the_private_array_is_never_handed_out(mesh_2d, op):
+  """Where stock returns the array itself (`x.astype(x.dtype) is x`), the
+  GDA returns itself; `jnp.asarray` (which must give a `jax.Array`) gives a
+  view over its buffers. Its private array never comes out, so no other code
+  can build that array's per-shard cache from another thread."""
+  g = GlobalDeviceArray.from_callback(DATA.shape, mesh_2d, P("x", "y"), lambda i: DATA[i])
+  x = g.to_jax_array()
+  ours, stock = op(g), op(x)
+  assert ours is not g._arr
+  if stock is x:
+    assert ours is g or (type(ours) is type(x) and _ptrs(ours) == _ptrs(x)), op
+  np.testing.assert_array_equal(np.asarray(ours), np.asarray(stock))
+
+
+def _ptrs(x):
+  return sorted(s.data.unsafe_buffer_pointer() for s in x.addressable_shards)
+
+
 def test_is_ready(mesh_2d):
   g = GlobalDeviceArray.from_callback(DATA.shape, mesh_2d, P("x", "y"), lambda i: DATA[i])
   g.block_until_ready()

@@ -4,6 +4,8 @@ A GDA built over arrays the caller hands in (the constructor's
 `device_buffers`, a data callback returning arrays already on their devices,
 `from_batched_callback_with_devices`) shares their buffers: with the
 caller's single-device arrays and with whatever array those are shards of.
+So does the `jax.Array` stock's `jax.device_put` makes of a GDA for an
+equivalent sharding on another `Mesh` object (no copy), and `jnp.asarray`'s.
 One call that donates one of them and passes the other crashes stock jaxlib
 on several devices (SIGSEGV), so each case runs in a subprocess; the package
 must refuse it with its clear error, cold and warm.
@@ -55,6 +57,14 @@ _PROGRAM = textwrap.dedent("""
       if how == "jax_array":  # a stock array over the GDA's shards
         return jax.make_array_from_single_device_arrays(
             g.shape, g.sharding, [s.data for s in shards])
+      if how == "device_put_equivalent":  # stock reuses the buffers for an equivalent sharding
+        other = Mesh(np.array(jax.devices()).reshape(4, 2, 1), ("x", "y", "z"))
+        return jax.device_put(g, jax.sharding.NamedSharding(other, P("x", "y")))
+      if how == "device_put_renamed":
+        other = Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
+        return jax.device_put(g, jax.sharding.NamedSharding(other, P("a", "b")))
+      if how == "jnp_asarray":
+        return jax.numpy.asarray(g)
       if how == "built_twice":  # two GDAs over the same single-device arrays
         bufs = [jax.device_put(data[s.index], s.device) for s in shards]
         first = GDA(g.shape, g.mesh, g.mesh_axes, bufs)
@@ -84,7 +94,8 @@ _PROGRAM = textwrap.dedent("""
 """)
 
 ADOPTIONS = ["constructor", "device_buffers", "from_callback", "from_batched_callback",
-             "with_devices", "jax_array", "built_twice"]
+             "with_devices", "jax_array", "built_twice", "device_put_equivalent",
+             "device_put_renamed", "jnp_asarray"]
 
 
 @pytest.mark.parametrize("warm", ["cold", "warm"])

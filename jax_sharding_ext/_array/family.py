@@ -111,6 +111,20 @@ def sibling_of(gda: Any, arr: Any) -> Any:
   return sibling
 
 
+def adopt(gda: Any, arr: Any) -> None:
+  """Record in `gda`'s family `arr`, an array stock made over `gda`'s buffers
+  (a zero-copy `jax.device_put` onto an equivalent sharding)."""
+  with _lock:
+    family = gda._family
+    if family is None or family is UNTRACKED:
+      family = family_of(gda._arr)
+      if family is None:
+        family = _Family(untracked=gda._family is UNTRACKED)
+        _join(gda._arr, family)
+      gda._family = family
+    _join(arr, family)
+
+
 UNTRACKED = _Family(untracked=True)
 """The family of a GDA known only to share its buffers with arrays the package
 does not track: it lists no members (none are known), so marking costs one

@@ -174,7 +174,9 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     return self._jax_array
 
   def _jax_array(self) -> jax.Array:
-    return self._checked_array(_USE)
+    # A sibling (`to_jax_array`): `jnp.asarray(gda)` returns a `jax.Array`
+    # over its buffers, never the private array itself.
+    return family.sibling_of(self, self._checked_array(_USE))
 
   def _checked_array(self, action: str) -> jax.Array:
     arr = self._arr

@@ -7,7 +7,10 @@ jitted loss comes back as a 0-d GDA and `float(loss)`, `f"{loss:.3f}"`,
 leaf. So `_ArraySurface` gives a GDA exactly what its zero-copy `jax.Array`
 view gives: each operator, method and property is that of the view, and the
 results are what `jax.Array` returns (`jax.Array`s, as eager operations
-already are). Nothing old changes meaning: `==` / `!=` keep the GDA-era
+already are), except that where `jax.Array` returns the array itself
+(`astype` to its own dtype, `x[...]`, `reshape` to its own shape,
+`to_device` of its own sharding) the GDA returns itself: its private
+`jax.Array` is never handed out. Nothing old changes meaning: `==` / `!=` keep the GDA-era
 `NotImplementedError` (defined on the class itself), `len`, `str`, `repr`
 and `__array__` keep the GDA's own.
 
@@ -22,6 +25,8 @@ non-scalar) is refused the same way, before anything moves.
 
 from __future__ import annotations
 
+import inspect
+import types
 from typing import TYPE_CHECKING, Any
 
 from jax_sharding_ext._array import family
@@ -71,23 +76,36 @@ def _unwrap(x: Any) -> Any:
   return x
 
 
+def _own(gda: Any, arr: Any, out: Any) -> Any:
+  """`out`, or `gda` where stock returned its array itself (`arr`)."""
+  return gda if out is arr else out
+
+
 def _binary(name: str):
   def method(self, other):
-    return getattr(self._checked_array(_ACTION), name)(_unwrap(other))
+    arr = self._checked_array(_ACTION)
+    return _own(self, arr, getattr(arr, name)(_unwrap(other)))
   method.__name__ = name
   return method
 
 
 def _unary(name: str):
   def method(self, *args, **kwargs):
-    return getattr(self._checked_array(_ACTION), name)(*args, **kwargs)
+    arr = self._checked_array(_ACTION)
+    return _own(self, arr, getattr(arr, name)(*args, **kwargs))
   method.__name__ = name
   return method
 
 
-def _forwarded(name: str) -> property:
+def _forwarded(name: str) -> Any:
+  if isinstance(inspect.getattr_static(ArrayImpl, name), types.FunctionType):
+    method = _unary(name)
+    method.__doc__ = f"`jax.Array.{name}` of the zero-copy `jax.Array` view."
+    return method
+
   def get(self):
-    return getattr(self._checked_array(_ACTION), name)
+    arr = self._checked_array(_ACTION)
+    return _own(self, arr, getattr(arr, name))
   return property(get, doc=f"`jax.Array.{name}` of the zero-copy `jax.Array` view.")
 
 
@@ -148,7 +166,8 @@ class _ArraySurface:
     def _host_array(self) -> Any: ...
 
   def __getitem__(self, idx):
-    return self._checked_array(_ACTION)[_unwrap(idx)]
+    arr = self._checked_array(_ACTION)
+    return _own(self, arr, arr[_unwrap(idx)])
 
   def __setitem__(self, idx, value):
     self._checked_array(_ACTION)[_unwrap(idx)] = value  # raises jax.Array's TypeError

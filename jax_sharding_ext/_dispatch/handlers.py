@@ -22,8 +22,10 @@ from typing import Any
 
 from jax.sharding import Sharding
 
+from jax_sharding_ext._array import family
 from jax_sharding_ext._array.gda import GlobalDeviceArray, rebuild
 from jax_sharding_ext._dispatch import donation
+from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import dispatch as jax_dispatch
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._transfers import moves
@@ -68,9 +70,13 @@ def device_put_args(xs: list, devices: list) -> tuple[list, list, Any]:
   * a target or a GDA spanning other processes: stock reshards there only its
     own array class, so it gets the GDA's `jax.Array` (a sibling, no copy) and
     reshards it exactly as it reshards that array (jaxlib judges the transfer
-    as it judges that array's); the reshard is recorded in the open ledgers.
+    as it judges that array's); the reshard is recorded in the open ledgers;
+  * a target equivalent to the GDA's sharding (another `Mesh` object over the
+    same devices): stock makes its result over the GDA's very buffers, which
+    then joins the GDA's family, so that donating one next to the other is
+    refused (`family.py`).
   """
-  records = []
+  records, placed = [], []
   for i, (x, d) in enumerate(zip(xs, devices, strict=True)):
     if type(x) is not GlobalDeviceArray:
       continue
@@ -80,9 +86,17 @@ def device_put_args(xs: list, devices: list) -> tuple[list, list, Any]:
     elif isinstance(d, Sharding) and not (arr.is_fully_addressable and d.is_fully_addressable):
       xs[i] = x.to_jax_array()
       records.append(moves.across_processes(arr, d))
-  if not records:
+    elif isinstance(d, Sharding) and d.is_equivalent_to(arr.sharding, arr.ndim):
+      placed.append((i, x))
+  if not records and not placed:
     return xs, devices, None
-  return xs, devices, lambda: moves.record(records)
+
+  def done(out: Any) -> None:
+    moves.record(records)
+    for i, gda in placed:
+      if out[i] is not gda and jax_buffers.shares_buffers(out[i], gda._arr):
+        family.adopt(gda, out[i])
+  return xs, devices, done
 
 
 EDITS.append(jax_tables.DevicePutEdit(GlobalDeviceArray, device_put_args))

@@ -99,3 +99,11 @@ def addresses(arr: Any, *, owned: bool) -> frozenset[tuple[int, int]] | None:
                      for a in single_device_arrays(arr))
   except Exception:  # e.g. a platform without buffer addresses
     return None
+
+
+def shares_buffers(arr: Any, own: Any) -> bool:
+  """Whether the user's array `arr` holds one of the device buffers of
+  `own` (a private array of this package); False where this platform cannot
+  tell buffer addresses."""
+  mine, theirs = addresses(own, owned=True), addresses(arr, owned=False)
+  return mine is not None and theirs is not None and not mine.isdisjoint(theirs)

@@ -300,7 +300,7 @@ class DevicePutEdit(Edit):
   """`jax.device_put` of values of `typ`.
 
   `prepare(xs, devices)` returns the values and targets to hand to stock, and
-  a function to call once stock has placed them (or None).
+  a function to call with stock's results once it has placed them (or None).
   """
 
   name = f"dispatch.{_DP_IMPL_NAME}"
@@ -321,7 +321,7 @@ class DevicePutEdit(Edit):
       xs, devices, done = prepare(list(xs), list(devices))
       out = prev(*xs, devices=devices, **kwargs)
       if done is not None:
-        done()
+        done(out)
       return out
 
     self.prev = prev
