@@ -168,3 +168,41 @@ def test_uninstall_inside_a_host_callback_is_refused_at_once(mesh_2d, fresh_regi
   assert len(seen) == 1 and "inside a JAX lowering or a host callback" in seen[0], seen
   assert jax_sharding_ext.is_installed()
 
+
+
+def test_uninstall_while_a_host_callback_compiles_on_a_helper_thread(fresh_registry):
+  """A swap holds new lowerings back while it waits for the computations in
+  flight, but only for a moment: a host callback that compiles on a thread
+  pool (the computation waits for that lowering, which waits for the swap)
+  finishes, and the swap follows it, both within seconds. Holding them back
+  for as long as the swap waits stalled both until the swap gave up (60 s)."""
+  import concurrent.futures
+  import threading
+  import time
+
+  def callback(v):
+    time.sleep(0.3)  # the swap starts waiting meanwhile
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      pool.submit(lambda: jax.jit(lambda y: y + 1)(np.ones(3, np.float32))).result()
+    return v
+
+  f = jax.jit(lambda v: jax.pure_callback(callback, jax.ShapeDtypeStruct((), np.float32), v))
+  x = jax.device_put(np.float32(1.0), jax.devices()[0])
+  out, errors = [], []
+
+  def swap():
+    time.sleep(0.1)
+    try:
+      jax_sharding_ext.uninstall()
+      jax_sharding_ext.install()
+    except Exception as e:  # reported below
+      errors.append(e)
+
+  start = time.monotonic()
+  t = threading.Thread(target=swap)
+  t.start()
+  out.append(float(jax.block_until_ready(f(x))))
+  t.join(timeout=30)
+  assert not t.is_alive() and not errors, errors
+  assert out == [1.0] and time.monotonic() - start < 10
+  assert jax_sharding_ext.is_installed()

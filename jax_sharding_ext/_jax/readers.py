@@ -18,7 +18,8 @@ refuses with an INTERNAL error. An execution with effects takes its input
 tokens from `dispatch.runtime_tokens` and hands back its output tokens later.
 Both take the shared side of `LOCK` for their duration; a swap takes the
 exclusive side, so it waits for the lowerings and executions in flight, and
-new ones wait for it (a swap is a few hundred microseconds).
+new ones wait for it for up to `HOLD_BACK` (a swap is a few hundred
+microseconds).
 
 The wrappers are put in place by the first `install()` and stay after
 `uninstall()`: a lowering that started while the package was uninstalled
@@ -38,19 +39,27 @@ from jax._src.interpreters import pxla as _pxla
 from jax_sharding_ext._edit import Edit
 
 
+HOLD_BACK = 0.05
+"""Seconds a waiting exclusive taker holds new shared takers back."""
+
+
 class SharedExclusiveLock:
   """Many holders of the shared side, or one of the exclusive side.
 
   A thread that holds the shared side may take it again (a lowering that
   lowers another computation). A waiting exclusive taker holds new shared
-  takers back, so that a stream of lowerings cannot starve a swap.
+  takers back for `HOLD_BACK` seconds, so that a stream of lowerings cannot
+  starve a swap; then it lets them in again and takes the exclusive side at
+  the first moment nobody holds the shared side. A holder may be waiting for
+  another thread's lowering (a host callback that compiles on a thread pool),
+  which must not wait for the swap that waits for the holder.
   """
 
   def __init__(self):
     self._cond = threading.Condition(threading.Lock())
     self._shared = 0
     self._exclusive = False
-    self._waiting = 0
+    self._waiting = 0  # exclusive takers holding new shared takers back
     self._mine = threading.local()
 
   def acquire_shared(self) -> None:
@@ -74,19 +83,26 @@ class SharedExclusiveLock:
 
   def acquire_exclusive(self, timeout: float) -> bool:
     """Take the exclusive side; False (nothing taken) after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline, hold_until = start + timeout, start + min(HOLD_BACK, timeout)
     with self._cond:
       self._waiting += 1
+      holding = True
       try:
         while self._exclusive or self._shared:
-          left = deadline - time.monotonic()
-          if left <= 0 or not self._cond.wait(left):
-            if self._exclusive or self._shared:
-              return False
+          now = time.monotonic()
+          if now >= deadline:
+            return False
+          if holding and now >= hold_until:  # let the shared takers in again
+            holding = False
+            self._waiting -= 1
+            self._cond.notify_all()
+          self._cond.wait((hold_until if holding else deadline) - now)
         self._exclusive = True
         return True
       finally:
-        self._waiting -= 1
+        if holding:
+          self._waiting -= 1
         self._cond.notify_all()
 
   def release_exclusive(self) -> None:
