@@ -179,6 +179,29 @@ def test_use_after_donation_raises(mesh_2d, use):
   assert "GlobalDeviceArray(shape=(8, 8)" in repr(gda)
 
 
+ABSTRACT_USES = {
+    "jax.eval_shape": lambda x: jax.eval_shape(lambda v: v * 2, x),
+    "jax.make_jaxpr": lambda x: str(jax.make_jaxpr(lambda v: v * 2)(x)),
+    "jit(...).lower": lambda x: jax.jit(lambda v: v * 2).lower(x).as_text(),
+    "jax.typeof": jax.typeof,
+    "committed": lambda x: x.committed,
+    "itemsize": lambda x: x.itemsize,
+}
+
+
+@pytest.mark.parametrize("use", list(ABSTRACT_USES), ids=list(ABSTRACT_USES))
+def test_abstract_uses_of_a_donated_gda_work_as_for_a_jax_array(mesh_2d, use):
+  """What needs only the shape, dtype and sharding works on a donated
+  `jax.Array` (stock reads its aval without a buffer), and so on a donated
+  GDA, with the same answer."""
+  gda, _ = _gda(mesh_2d)
+  arr = jax.device_put(np.zeros((8, 8), np.float32), gda.sharding)
+  step = jax.jit(lambda x: x * 2, donate_argnums=0)
+  step(gda), step(arr)
+  assert gda.is_deleted() and arr.is_deleted()
+  assert ABSTRACT_USES[use](gda) == ABSTRACT_USES[use](arr)
+
+
 def test_use_after_delete_raises(mesh_2d):
   gda, _ = _gda(mesh_2d)
   gda.delete()

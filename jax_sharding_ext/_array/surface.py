@@ -46,9 +46,8 @@ _SHARD_READING_UNARY = ("__iter__", "__reversed__", "__dlpack_device__", "__buff
 
 PUBLIC_METHODS = (
     "T", "all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "at",
-    "byteswap", "choose", "clip", "committed", "compress", "conj", "conjugate", "copy",
-    "cumprod", "cumsum", "device", "diagonal", "dot", "flat", "flatten", "imag",
-    "itemsize", "mT", "max", "mean", "min", "nonzero", "prod", "ptp", "ravel", "real",
+    "byteswap", "choose", "clip", "compress", "conj", "conjugate", "copy",
+    "cumprod", "cumsum", "device", "diagonal", "dot", "flat", "flatten", "imag", "mT", "max", "mean", "min", "nonzero", "prod", "ptp", "ravel", "real",
     "repeat", "reshape", "round", "searchsorted", "sort", "squeeze", "std", "sum",
     "swapaxes", "take", "to_device", "trace", "transpose", "var", "view",
     "is_ready", "platform", "_split", "_multi_slice", "_chunk_iter", "_unstack",
@@ -58,7 +57,7 @@ PUBLIC_METHODS = (
 SHARD_READING_METHODS = ("on_device_size_in_bytes", "unsafe_buffer_pointer")
 """Names of `jax.Array` whose stock implementation reads its single-device arrays."""
 
-UNCHECKED = ("aval", "weak_type", "traceback", "__numpy_dtype__")
+UNCHECKED = ("aval", "weak_type", "traceback", "__numpy_dtype__", "committed", "itemsize")
 """Names of `jax.Array` that stock reads without a live buffer (also once deleted)."""
 
 HOST_METHODS = ("item", "tolist", "tobytes")

@@ -34,7 +34,10 @@ EDITS: list = []
 
 
 def aval(x: GlobalDeviceArray):
-  return jax_tables.array_aval(x._checked_array("use it in a JAX operation"))
+  # Read without a live buffer, as stock reads a deleted array's: abstract
+  # uses (`jax.eval_shape`, `make_jaxpr`, `.lower`) work on a donated GDA;
+  # passing its data refuses it (`shard_arg`).
+  return jax_tables.array_aval(x._arr)
 
 
 EDITS.append(jax_tables.TableEdit("pytype_aval_mappings", jax_tables.pytype_aval_mappings,
