@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax._src import core, dispatch, effects, traceback_util
 from jax._src.interpreters import mlir, pxla
+from jax.experimental import multihost_utils as stock_multihost
 from jax.sharding import PartitionSpec as P
 
 import jax_sharding_ext
@@ -48,6 +49,10 @@ def _snapshot():
       dispatch.prim_requires_devices_during_lowering)
   snap["uncacheable_primitives"] = set(mlir._uncacheable_primitives)
   snap["traceback exclusions"] = {"_exclude_paths": tuple(traceback_util._exclude_paths)}
+  # Eager rules of stock multihost_utils' primitives (they test for ArrayImpl).
+  snap["primitive rules"] = {p.name: p.impl for p in (
+      stock_multihost.host_local_array_to_global_array_p,
+      stock_multihost.global_array_to_host_local_array_p)}
   return snap
 
 

@@ -103,3 +103,9 @@ def device_put_args(xs: list, devices: list) -> tuple[list, list, Any]:
 
 
 EDITS.append(jax_tables.DevicePutEdit(GlobalDeviceArray, device_put_args))
+
+# Stock `multihost_utils.host_local_array_to_global_array` /
+# `global_array_to_host_local_array` handle their own array class only; a GDA
+# goes in as its `jax.Array` (no copy) and comes out as that array would.
+EDITS.extend(jax_tables.PrimitiveImplEdit(p, GlobalDeviceArray, GlobalDeviceArray.to_jax_array)
+             for p in jax_tables.multihost_primitives())

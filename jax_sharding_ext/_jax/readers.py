@@ -38,7 +38,6 @@ from jax._src.interpreters import pxla as _pxla
 
 from jax_sharding_ext._edit import Edit
 
-
 HOLD_BACK = 0.05
 """Seconds a waiting exclusive taker holds new shared takers back."""
 

@@ -5,7 +5,8 @@ Touches: `jax._src.core` (`pytype_aval_mappings`, `ShapedArray`),
 `batched_device_put`), `jax._src.interpreters.mlir` (`_constant_handlers`),
 `jax._src.dtypes` (`register_canonicalize_value_handler`, which writes
 jaxlib's C++ registry), `jax._src.array` (`ArrayImpl`), `jax._src.dispatch`
-(`_batched_device_put_impl`). Checked against JAX 0.10.2 (Python 3.11) and
+(`_batched_device_put_impl`), and the eager rules (`Primitive.impl`) of
+`jax.experimental.multihost_utils`' two primitives. Checked against JAX 0.10.2 (Python 3.11) and
 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: a table renamed or moved (the import
@@ -336,3 +337,42 @@ class DevicePutEdit(Edit):
     self._check_revert()
     setattr(_fx_dispatch, _DP_IMPL_NAME, self.prev)
     self.prev = self.wrapper = None
+
+
+class PrimitiveImplEdit(Edit):
+  """A primitive's eager rule (`prim.impl`, what `def_impl` set) given values
+  of `typ` as `convert(x)`: for a stock rule that recognises only its own
+  array class."""
+
+  def __init__(self, prim: Any, typ: type, convert: Callable[[Any], Any]):
+    self.prim, self.typ, self.convert = prim, typ, convert
+    self.name = f"{prim.name}.impl"
+    self.prev: Any = None
+    self.wrapper: Any = None
+
+  def _apply(self) -> None:
+    prev, typ, convert = self.prim.impl, self.typ, self.convert
+
+    def impl(*args, **params):
+      return prev(*(convert(a) if type(a) is typ else a for a in args), **params)
+
+    self.prev, self.wrapper = prev, impl
+    self.prim.impl = impl
+
+  def _check_revert(self) -> None:
+    if self.prim.impl is not self.wrapper:
+      raise replaced_error(self.name)
+
+  def _revert(self) -> None:
+    self._check_revert()
+    self.prim.impl = self.prev
+    self.prev = self.wrapper = None
+
+
+def multihost_primitives() -> tuple[Any, ...]:
+  """`jax.experimental.multihost_utils`' primitives whose eager rules test for
+  `ArrayImpl` (`host_local_array_to_global_array`,
+  `global_array_to_host_local_array`); those this JAX lacks are left out."""
+  from jax.experimental import multihost_utils as _mhu
+  names = ("host_local_array_to_global_array_p", "global_array_to_host_local_array_p")
+  return tuple(getattr(_mhu, n) for n in names if hasattr(_mhu, n))
