@@ -180,10 +180,14 @@ class TestBadInput:
     with pytest.raises(ValueError, match="same dtype"):
       GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x"), cb)
 
-  def test_callback_non_numeric(self, mesh_2d):
-    with pytest.raises(TypeError, match="dtype"):
+  @pytest.mark.parametrize("dtype", [object, "<U1", "S1", "datetime64[s]"])
+  def test_callback_non_numeric(self, mesh_2d, dtype):
+    """JAX refuses arrays of strings, objects and dates (stock
+    `make_array_from_callback`: a TypeError); so does a GDA, naming the
+    callback, rather than an XLA error."""
+    with pytest.raises(TypeError, match=r"`data_callback` returned dtype .*; return numeric"):
       GlobalDeviceArray.from_callback(
-          (8,), mesh_2d, P("x"), lambda i: np.array(["a", "b"], dtype=object))
+          (8,), mesh_2d, P("x"), lambda i: np.zeros(2).astype(dtype))
 
   def test_callback_not_callable(self, mesh_2d):
     with pytest.raises(TypeError, match="data_callback"):

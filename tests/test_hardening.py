@@ -276,6 +276,17 @@ def test_pickle_round_trips_by_value(mesh_2d):
   assert copy.deepcopy(back).mesh_axes == ["x"]
 
 
+def test_pickle_keeps_weak_type_as_stock_does(mesh_2d):
+  """Stock keeps a pickled array's `weak_type`, so it promotes as before."""
+  weak = jax.jit(lambda s: jnp.broadcast_to(s, (8, 4)),
+                 out_shardings=NamedSharding(mesh_2d, P("x")))(1.0)  # a Python float: weak
+  assert weak.aval.weak_type
+  for x in (weak, GDA.from_jax_array(weak)):
+    back = pickle.loads(pickle.dumps(x))
+    assert back.aval.weak_type == x.aval.weak_type
+    assert (back + jnp.ones(4, jnp.float16)).dtype == (x + jnp.ones(4, jnp.float16)).dtype
+
+
 def test_device_put_without_a_target_keeps_the_sharding(mesh_2d):
   """Stock returns a committed `jax.Array` unchanged from `device_put(x)`;
   a GDA stays where it is too (no shard may move to the default device)."""

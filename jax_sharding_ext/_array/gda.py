@@ -459,7 +459,8 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     value = self.__array__()
     mesh = self.mesh
     ids = np.vectorize(lambda d: d.id, otypes=[int])(mesh.devices)
-    return (_unpickle, (value, ids, tuple(mesh.axis_names), self.mesh_axes))
+    return (_unpickle, (value, ids, tuple(mesh.axis_names), self.mesh_axes,
+                        self._arr.aval.weak_type))
 
   def _repr_html_(self) -> str:
     from jax_sharding_ext._notebook.html import gda_html
@@ -471,12 +472,16 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
 
 def _unpickle(value: np.ndarray, device_ids: np.ndarray, axis_names: tuple,
-              mesh_axes: MeshAxes):
+              mesh_axes: MeshAxes, weak_type: bool = False):
   by_id = {d.id: d for d in jax.devices()}
   if not all(int(i) in by_id for i in device_ids.flat):
-    return jax.numpy.asarray(value)
+    out = jax.numpy.asarray(value)
+    return jax_buffers.weakly_typed(out) if weak_type else out
   mesh = Mesh(np.vectorize(lambda i: by_id[int(i)], otypes=[object])(device_ids), axis_names)
-  return GlobalDeviceArray.from_callback(value.shape, mesh, mesh_axes, lambda idx: value[idx])
+  gda = GlobalDeviceArray.from_callback(value.shape, mesh, mesh_axes, lambda idx: value[idx])
+  if weak_type:  # as stock keeps it: `pickle.loads(pickle.dumps(x)) + f16` stays f16
+    gda = GlobalDeviceArray.from_jax_array(jax_buffers.weakly_typed(gda.to_jax_array()))
+  return gda
 
 
 _new = object.__new__

@@ -4,7 +4,8 @@ addresses.
 
 Touches: `ArrayImpl.clone` (a C++ method outside `jax.Array`'s declared
 surface), `ArrayImpl._arrays` (jaxlib's per-array cache of its single-device
-arrays). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+arrays), `ArrayImpl._rewrap_with_aval_and_sharding` (the same buffers under
+another aval). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: `clone` renamed (then `sibling` falls
 back to assembling the array from its single-device arrays, as
@@ -107,3 +108,8 @@ def shares_buffers(arr: Any, own: Any) -> bool:
   tell buffer addresses."""
   mine, theirs = addresses(own, owned=True), addresses(arr, owned=False)
   return mine is not None and theirs is not None and not mine.isdisjoint(theirs)
+
+
+def weakly_typed(arr: Any) -> Any:
+  """A `jax.Array` over `arr`'s buffers with a weakly typed aval (no copy)."""
+  return arr._rewrap_with_aval_and_sharding(arr.aval.update(weak_type=True), arr.sharding)

@@ -17,6 +17,7 @@ signature (`CanonicalizeEdit`), or `dispatch._batched_device_put_impl`
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -177,9 +178,18 @@ class EagerResultHandlersEdit(Edit):
     self.prev = self.wrapper = None
 
 
+@functools.lru_cache(maxsize=256)
 def is_plain_dtype(dtype) -> bool:
-  """True for the dtypes a `GlobalDeviceArray` can hold (not float0/extended)."""
-  return not (dtype == _dtypes.float0 or _dtypes.issubdtype(dtype, _dtypes.extended))
+  """True for the dtypes a `GlobalDeviceArray` can hold: JAX's array dtypes of
+  numbers (not strings, objects or dates, which JAX refuses; not float0 or
+  extended dtypes)."""
+  if dtype == _dtypes.float0 or _dtypes.issubdtype(dtype, _dtypes.extended):
+    return False
+  try:
+    _dtypes.check_valid_dtype(dtype)
+  except TypeError:
+    return False
+  return True
 
 
 # ---------------------------------------------------------------------------
