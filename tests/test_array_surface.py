@@ -249,6 +249,24 @@ def test_the_private_array_is_never_handed_out(mesh_2d, op):
   np.testing.assert_array_equal(np.asarray(ours), np.asarray(stock))
 
 
+@pytest.mark.parametrize("copy", [None, True, False])
+@pytest.mark.parametrize("dtype", [None, np.float64])
+def test_np_asarray_copy_and_dtype_as_for_the_same_jax_array(mesh_2d, copy, dtype):
+  """`np.asarray(x, dtype, copy=...)`: the value is fetched once and kept on
+  the host; `copy=False` returns that copy (a ValueError only where `dtype`
+  needs another), `copy=True` a new writable one, as stock does."""
+  def outcome(a):
+    try:
+      first, second = (np.asarray(a, dtype=dtype, copy=copy) for _ in range(2))
+    except ValueError:
+      return "ValueError"
+    np.testing.assert_array_equal(first, DATA.astype(dtype or DATA.dtype))
+    return first is second, np.shares_memory(first, second), first.flags.writeable
+
+  g = GlobalDeviceArray.from_callback(DATA.shape, mesh_2d, P("x", "y"), lambda i: DATA[i])
+  assert outcome(g) == outcome(jax.device_put(DATA, g.sharding))
+
+
 def _ptrs(x):
   return sorted(s.data.unsafe_buffer_pointer() for s in x.addressable_shards)
 

@@ -413,11 +413,10 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
   def __array__(self, dtype: Any = None, context: None = None,
                 copy: bool | None = None) -> np.ndarray:
-    if copy is False:
-      raise ValueError(
-          "A GlobalDeviceArray lives on devices; converting it to numpy always "
-          "copies, so `copy=False` cannot be honoured.")
-    return moves.to_host(self, dtype)
+    # As for the same `jax.Array`: the value is fetched once and kept on the
+    # host; `copy=False` returns that copy (an error only where `dtype` needs
+    # another one), `copy=True` a new one.
+    return moves.to_host(self, dtype, copy)
 
   def __len__(self) -> int:
     if not self.shape:
