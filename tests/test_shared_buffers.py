@@ -226,6 +226,37 @@ def test_many_threads_never_corrupt_a_gda(mesh_2d, use, fast_switching):
     assert sorted(s.device.id for s in g.local_shards) == list(range(8))
 
 
+def test_reading_shards_while_another_thread_deletes(mesh_2d, fast_switching):
+  """A reader racing `delete()` gets the shards (read before the delete) or
+  the GDA's deleted error; never a KeyError or a TypeError from half-read
+  state, nor a crash (jaxlib frees the per-shard cache as it deletes).
+  Stock's array answers with its shards here."""
+  outcomes = set()
+  for _ in range(300):
+    g, _ = _gda(mesh_2d)
+    start = threading.Barrier(2)
+
+    def read(g=g, start=start):
+      start.wait()
+      try:
+        outcomes.add(len(g.local_shards))
+      except RuntimeError as e:
+        outcomes.add("deleted" if "has been deleted" in str(e) else repr(e))
+      except Exception as e:  # any other failure fails the test below
+        outcomes.add(repr(e))
+
+    def delete(g=g, start=start):
+      start.wait()
+      g.delete()
+
+    threads = [threading.Thread(target=delete), threading.Thread(target=read)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+  assert outcomes <= {8, "deleted"}, outcomes
+
+
 _SIBLINGS_PROGRAM = textwrap.dedent("""
     import os, sys, threading
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"

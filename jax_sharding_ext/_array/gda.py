@@ -342,10 +342,14 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
       lay = layout(self.shape, self.mesh, self.mesh_axes)
       indices, rids = lay.indices, lay.replica_ids
       pos = {d: i for i, d in enumerate(self.mesh.devices.flat)}
-      data = {next(iter(a.sharding.device_set)): a
-              for a in jax_buffers.single_device_arrays(arr)}
-      shards = [Shard(d, indices[pos[d]], rids[pos[d]], data[d])
-                for d in self.mesh.local_devices]
+      try:
+        data = {next(iter(a.sharding.device_set)): a
+                for a in jax_buffers.single_device_arrays(arr)}
+        shards = [Shard(d, indices[pos[d]], rids[pos[d]], data[d])
+                  for d in self.mesh.local_devices]
+      except Exception:  # deleted by another thread meanwhile: say so
+        self._checked_array("read its local shards")
+        raise
       self._local_shards = shards
     return list(shards)
 
@@ -394,7 +398,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
   def delete(self) -> None:
     """Free the device buffers; later uses raise `RuntimeError`."""
-    self._arr.delete()
+    jax_buffers.delete(self._arr)
     self._local_shards = None
 
   def is_deleted(self) -> bool:

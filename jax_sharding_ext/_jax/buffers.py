@@ -55,6 +55,14 @@ def ready(arr: Any) -> Any:
   return arr
 
 
+def delete(arr: Any) -> None:
+  """`arr.delete()`, never while this package reads or builds `arr`'s
+  per-shard cache on another thread (jaxlib frees the cache with the
+  buffers; the two at once can crash the process)."""
+  with _cache_lock:
+    arr.delete()
+
+
 def single_device_arrays(arr: Any) -> list[Any]:
   """`arr`'s single-device arrays, in its sharding's addressable device order."""
   with _cache_lock:
