@@ -10,9 +10,9 @@ results are what `jax.Array` returns (`jax.Array`s, as eager operations
 already are), except that where `jax.Array` returns the array itself
 (`astype` to its own dtype, `x[...]`, `reshape` to its own shape,
 `to_device` of its own sharding) the GDA returns itself: its private
-`jax.Array` is never handed out. Nothing old changes meaning: `==` / `!=` keep the GDA-era
-`NotImplementedError` (defined on the class itself), `len`, `str`, `repr`
-and `__array__` keep the GDA's own.
+`jax.Array` is never handed out. Nothing old changes meaning: `==` / `!=`
+keep the GDA-era `NotImplementedError` (defined on the class itself), `len`,
+`str`, `repr` and `__array__` keep the GDA's own.
 
 Conversions that read the value on the host (`float`, `int`, `complex`,
 `operator.index`, `bool`, `format` with a spec, `item`, `tolist`,
@@ -46,11 +46,11 @@ _SHARD_READING_UNARY = ("__iter__", "__reversed__", "__dlpack_device__", "__buff
 
 PUBLIC_METHODS = (
     "T", "all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "at",
-    "byteswap", "choose", "clip", "compress", "conj", "conjugate", "copy",
-    "cumprod", "cumsum", "device", "diagonal", "dot", "flat", "flatten", "imag", "mT", "max", "mean", "min", "nonzero", "prod", "ptp", "ravel", "real",
-    "repeat", "reshape", "round", "searchsorted", "sort", "squeeze", "std", "sum",
-    "swapaxes", "take", "to_device", "trace", "transpose", "var", "view",
-    "is_ready", "platform", "_split", "_multi_slice", "_chunk_iter", "_unstack",
+    "byteswap", "choose", "clip", "compress", "conj", "conjugate", "copy", "cumprod",
+    "cumsum", "device", "diagonal", "dot", "flat", "flatten", "imag", "mT", "max", "mean",
+    "min", "nonzero", "prod", "ptp", "ravel", "real", "repeat", "reshape", "round",
+    "searchsorted", "sort", "squeeze", "std", "sum", "swapaxes", "take", "to_device",
+    "trace", "transpose", "var", "view", "is_ready", "platform", "_split", "_multi_slice", "_chunk_iter", "_unstack",
 )
 """Names of `jax.Array` forwarded as they are (the GDA defines the rest)."""
 

@@ -267,7 +267,7 @@ def _star_imports(ctx: Context) -> set[int]:
       edits = [Edit(at, at + len(module), replacement)]
       lines = [f"from {replacement} import *"]
     elif moved:
-      lines = [f"from {m} import {', '.join(names)}" for m, names in moved.items()]
+      lines = [f"from {m} import {', '.join(clauses)}" for m, clauses in moved.items()]
       if gone:  # the statement would fail: it becomes the imports
         edits = [Edit(start, end, _joined(ctx, node, lines))]
       else:
