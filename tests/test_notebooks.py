@@ -226,3 +226,53 @@ def test_a_bad_call_in_a_notebook_shows_the_cell_line_not_package_frames(tmp_pat
   # IPython hides the package's frames (JAX marks them `__tracebackhide__`)
   # but always shows the frame that raised: at most that one is the package's.
   assert "skipping hidden" in text and text.count("jax_sharding_ext/") <= 1, text
+
+
+def test_after_an_interrupted_cell_later_cells_do_not_wait_for_it(tmp_path):
+  """An interrupted cell leaves its computation running, as in stock Jupyter
+  (here one that never ends). The end-of-cell wait covers each cell's own
+  effects only: a later pure-Python cell ends at once, and a later cell's own
+  unordered print still lands in it. Interrupted inside the wait, the hook
+  stops with one line, not IPython's callback traceback."""
+  setup = nbformat.read(NOTEBOOKS[0], as_version=4).cells[1].source
+  cells = [
+      setup,
+      "import time\nimport jax.numpy as jnp\n"
+      "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+      "@jax.jit\ndef runaway(x):\n"
+      "  jax.debug.print('start', ordered=True)\n"
+      "  n = jax.lax.while_loop(lambda c: c.min() >= 0, lambda c: c + 1.0, x)  # stalls at 2**24\n"
+      "  jax.debug.print('end {n}', n=n, ordered=True)\n"
+      "  return n\n"
+      "four = NamedSharding(Mesh(np.array(jax.devices()[:4]), ('x',)), P('x'))  # asynchronous\n"
+      "runaway(jax.device_put(np.zeros(4, np.float32), four)); print('dispatched')",
+      "t = time.time(); print('pure Python')",
+      "print(f'took {time.time() - t:.2f} s')",
+      "v = jax.device_put(jnp.ones(8), jax.devices()[7])  # device 0 still runs the loop\n"
+      "y = jax.jit(lambda v: (jax.debug.print('unordered {v}', v=v.sum()), v + 1)[1])(v)\n"
+      "print('y', int(y.sum()))",
+  ]
+  nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+  saved = dict(os.environ)
+  os.environ.pop("XLA_FLAGS", None)
+  try:
+    ran = NotebookClient(nb, kernel_name="python3", allow_errors=True,
+                         interrupt_on_timeout=True,
+                         timeout_func=lambda cell: 8 if "runaway(" in cell.source else 60,
+                         resources={"metadata": {"path": str(tmp_path)}}).execute()
+  finally:
+    os.environ.clear()
+    os.environ.update(saved)
+
+  def text(cell, name):
+    return "".join(o.get("text", "") for o in cell.outputs
+                   if o.output_type == "stream" and o.name == name)
+
+  interrupted = ran.cells[1]
+  assert "start" in text(interrupted, "stdout") and "dispatched" in text(interrupted, "stdout")
+  assert "stopped waiting for this cell's effects" in text(interrupted, "stderr")
+  assert not any(o.output_type == "error" for o in interrupted.outputs)
+  assert text(ran.cells[2], "stdout") == "pure Python\n"
+  took = float(re.search(r"took ([\d.]+) s", text(ran.cells[3], "stdout")).group(1))
+  assert took < 2.0, took
+  assert "unordered 8" in text(ran.cells[4], "stdout") and "y 16" in text(ran.cells[4], "stdout")

@@ -64,6 +64,19 @@ def failed_token_error(token: Any) -> BaseException | None:
   return None
 
 
+def token_is_ready(token: Any) -> bool:
+  """Whether the computation that produced `token` has surely finished (or
+  failed). False where jaxlib cannot tell without waiting (the per-device
+  tokens of unordered effects have no `is_ready`)."""
+  buf = getattr(token, "_buf", None)
+  if buf is None or not hasattr(buf, "is_ready"):
+    return False
+  try:
+    return bool(buf.is_ready())
+  except jax.errors.JaxRuntimeError:
+    return True  # failed: finished
+
+
 def token_is_on(token: Any, devices: Any) -> bool:
   """Whether `token`'s buffer is live and laid out on `devices`, in order.
 
@@ -210,6 +223,15 @@ class RuntimeTokensEdit(Edit):
     self._old.output_runtime_tokens = self._new.output_runtime_tokens
     set_runtime_tokens(self._old)
     self._old = self._new = None
+
+
+def all_pending_tokens() -> list:
+  """The tokens of the effects every thread (this one too) has dispatched
+  and no barrier has cleared yet, failures set aside included."""
+  with _lock:
+    states = list(_thread_token_states.values())
+  return [token for state in states
+          for token in (*_pending_tokens(state), *tuple(state.get("failed_tokens", ())))]
 
 
 def other_threads_pending_tokens() -> list:
