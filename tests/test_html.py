@@ -84,6 +84,26 @@ def test_rank_above_two_names_the_dimensions_drawn(mesh_2d):
   assert "dimensions 0 (rows) and 2 (columns) of shape (8, 4, 8)" in text
 
 
+def test_shards_that_differ_only_in_dimensions_not_drawn_share_a_box(devices):
+  """Sharded along three dimensions, pairs of shards sit at one drawn
+  position: they share a box (both indices, all devices), so every device
+  shows and no box hides another."""
+  mesh = Mesh(np.array(devices).reshape(2, 2, 2), ("a", "b", "c"))
+  gda = _gda(mesh, (4, 4, 4), P("a", "b", "c"))
+  p = _parse(gda)
+  assert len(p.boxes) == 4
+  shown = sorted(int(d) for b in p.boxes for d in b["devices"].split(","))
+  assert shown == list(range(8))
+  expected = _expected(gda)
+  for b in p.boxes:
+    keys = b["index"].split(";")
+    assert len(keys) == 2 and sorted(
+        int(d) for k in keys for d in expected[k].split(",")) == sorted(
+        int(d) for d in b["devices"].split(","))
+  assert all(_overlap(a, c) == 0 for i, a in enumerate(p.boxes) for c in p.boxes[i + 1:])
+  assert "shards that differ only there share a box" in gda._repr_html_()
+
+
 def test_table_lists_every_shard_with_process_and_replica(mesh_2d):
   gda = _gda(mesh_2d, (8, 2), P("x"))
   text = gda._repr_html_()

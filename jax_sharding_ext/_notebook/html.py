@@ -3,10 +3,12 @@
 The array is drawn as a 2-D grid (rank 1 as one row; rank > 2 by its two
 most-sharded dimensions, named in the caption): one box per shard at its true
 position and proportional size, labelled with its device ids (replicas share
-one box), one colour per device set; a zero-size dimension is drawn as if it
-had size 1, so boxes of distinct indices still sit side by side. Each box
-carries `data-index` (`start:stop` per dimension, comma separated) and
-`data-devices` (device ids, comma separated) for tools and tests. Below it,
+one box), one colour per device set; shards that differ only in dimensions
+not drawn share a box too (the caption says so), so no device is hidden. A
+zero-size dimension is drawn as if it had size 1, so boxes of distinct
+indices still sit side by side. Each box carries `data-index` (`start:stop`
+per dimension, comma separated; the indices of a shared box separated by
+`;`) and `data-devices` (device ids, comma separated) for tools and tests. Below it,
 the exact table: index, device, process and replica id of every shard. Plain
 HTML and inline CSS: no script, no network; boxes have their own light
 background and dark text, so the picture reads in light and dark themes.
@@ -97,26 +99,35 @@ def gda_html(gda) -> str:
     width, height = max(_MIN_SIDE, round(_WIDTH * n_cols / n_rows)), _WIDTH
   font = 12 if len(boxes) <= 64 else 9
 
+  # Shards at one drawn position (they differ only in dimensions not drawn)
+  # share a box.
+  drawn: dict[tuple, list] = {}
+  for key, (bounds, devices) in boxes.items():
+    at = (_span(bounds, shape, rows_dim), _span(bounds, shape, cols_dim))
+    drawn.setdefault(at, []).append((key, devices))
+  stacked = any(len(v) > 1 for v in drawn.values())
   parts = []
-  for i, (key, (bounds, devices)) in enumerate(boxes.items()):
-    r0, r1 = _span(bounds, shape, rows_dim)
-    c0, c1 = _span(bounds, shape, cols_dim)
+  for i, (((r0, r1), (c0, c1)), members) in enumerate(drawn.items()):
     top, left = r0 / n_rows * height, c0 / n_cols * width
     h, w = max(r1 - r0, 0) / n_rows * height, max(c1 - c0, 0) / n_cols * width
-    ids = ",".join(map(str, sorted(devices)))
+    devices = sorted(d for _, ds in members for d in ds)
+    ids = ",".join(map(str, devices))
     label = ("dev " if len(devices) == 1 else "devs ") + ids.replace(",", ", ")
+    title = "; ".join(f"index [{key}] on {'dev' if len(ds) == 1 else 'devs'} "
+                      f"{', '.join(map(str, sorted(ds)))}" for key, ds in members)
     parts.append(
-        f"<div class='jse-shard' data-index='{key}' data-devices='{ids}' "
-        f"title='index [{key}] on {html.escape(label)}' style='position:absolute;"
+        f"<div class='jse-shard' data-index='{';'.join(k for k, _ in members)}' "
+        f"data-devices='{ids}' title='{html.escape(title)}' style='position:absolute;"
         f"box-sizing:border-box;left:{left:.2f}px;top:{top:.2f}px;width:{w:.2f}px;"
-        f"height:{h:.2f}px;background:{_colour(i, len(boxes))};color:#111;"
+        f"height:{h:.2f}px;background:{_colour(i, len(drawn))};color:#111;"
         f"border:1px solid #333;overflow:hidden;font:{font}px/1.2 monospace;"
         f"display:flex;align-items:center;justify-content:center;text-align:center'>"
         f"{html.escape(label)}</div>")
 
   if len(shape) > 2:
     caption = (f"dimensions {dims[0]} (rows) and {dims[1]} (columns) of shape {shape}; "
-               "the others are not drawn")
+               "the others are not drawn" + (
+                   " (shards that differ only there share a box)" if stacked else ""))
   elif len(shape) == 2:
     caption = f"shape {shape}: dimension 0 down, dimension 1 across"
   elif len(shape) == 1:
