@@ -52,8 +52,7 @@ from jax._src.lib import xla_client as _tg_xc
 #   any other: stock `np.asarray` of a sharded CPU `jax.Array` raises under
 #   "disallow" in 0.12 (single-device arrays are still exempt).
 #   `JAXLIB_GUARDS_CPU_FETCH` says which behaviour this JAX has; `_transfers`
-#   keeps the CPU rule for a GDA on both by running every fetch it judged
-#   with jaxlib's guard suspended (a no-op for CPU buffers in 0.10.2).
+#   applies the same rule to a GDA.
 # * Same-placement test: `array._sharding_indices_and_eq` (with the
 #   `_fallback_check_via_indices` fallback) is how `_array_shard_arg` decides
 #   whether an argument moves (jax 0.10.2); reusing it (`moving_args`) keeps

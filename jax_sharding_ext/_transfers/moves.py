@@ -24,9 +24,9 @@ not transfers, so they do not come through here; neither does
 Each is classified and judged by the transfer guard (`guard.py`), and
 recorded in the open transfer ledgers (`ledger.py`); with no ledger open and
 every guard level "allow", nothing is built and the move runs as stock's.
-Fetching from CPU devices is always allowed: stock jaxlib applies that rule
-to every fetch in jax 0.10.2 but not to multi-device arrays in jax 0.12 (see
-`jax_transfer.JAXLIB_GUARDS_CPU_FETCH`); a GDA keeps it on both.
+Fetching from CPU devices is allowed as stock jaxlib allows it for the same
+`jax.Array`: always in jax 0.10.2, for single-device arrays only in jax 0.12
+(see `jax_transfer.JAXLIB_GUARDS_CPU_FETCH`).
 
 As in stock JAX, a fetched value is kept on the host: the first of
 `copy_to_host_async()` / `np.asarray` / `jax.device_get` on a GDA is the
@@ -214,7 +214,7 @@ def _fetch(gda, arr, move):
   level, explicit = jax_transfer.transfer_guard_query(D2H, "explicit_device_get")
   act = action(level, explicit)
   if act != "allow" and _fetch_always_allowed(arr):
-    act = "allow"  # fetching from CPU devices is always allowed
+    act = "allow"  # stock's CPU rule
   if level == "allow":  # the usual case: nothing to judge or log
     out = move()
     if ledger.open_count:  # only the ledger needs to know
@@ -222,8 +222,7 @@ def _fetch(gda, arr, move):
                  jax_frames.user_call_site())
   else:
     # Judged here, so jaxlib must not judge it again: on "log" it would log a
-    # second line, and where the CPU rule allowed the fetch, jax 0.12's
-    # batched host copy would still guard it (`jax_transfer.JAXLIB_GUARDS_CPU_FETCH`).
+    # second line.
     m = Move(D2H, explicit, arr.shape, arr.dtype, gda.nbytes, _devices_of(arr), (), act)
     with guarded((m,)):
       out = move()
@@ -232,8 +231,12 @@ def _fetch(gda, arr, move):
 
 
 def _fetch_always_allowed(arr) -> bool:
-  """True when `arr` lives on CPU devices (tests patch this to act as a GPU)."""
-  return jax_transfer.sharding_platform(arr.sharding) == "cpu"
+  """True where stock never guards fetching `arr`: CPU devices, and for jax
+  0.12 one device only (tests patch this to act as a GPU)."""
+  sharding = arr.sharding
+  if jax_transfer.sharding_platform(sharding) != "cpu":
+    return False
+  return not jax_transfer.JAXLIB_GUARDS_CPU_FETCH or len(sharding.device_set) == 1
 
 
 def _already_on(v, device) -> bool:
