@@ -141,6 +141,27 @@ def test_512_shards_render(devices):
   p.feed(text)
   assert len(p.boxes) == 512 and p.layout["height"] == 480
   assert all(b["height"] == pytest.approx(480 / 512, abs=0.01) for b in p.boxes)
+  # The table: the first 32 and the last 8 shards, and how many are left out.
+  rows = re.findall(r"<tr><td><code>([^<]*)</code>", text)
+  assert rows[0] == "0:1,0:4" and rows[-1] == "511:512,0:4" and len(rows) == 40
+  assert "... 472 more shards ..." in text
+
+
+def test_a_scalar_is_one_small_box_with_its_value(mesh_2d, monkeypatch):
+  """A jitted loss (0-d, with the output flag on) shows its value, as a
+  `jax.Array`'s repr does; where the transfer guard refuses the fetch (on an
+  accelerator: CPU fetches of one buffer are always allowed), the caption
+  says so instead of failing the display."""
+  from jax_sharding_ext._transfers import moves
+  gda = _gda(mesh_2d, (), P())
+  p = _parse(gda)
+  assert len(p.boxes) == 1 and p.layout["width"] == 192 and p.layout["height"] == 48
+  assert "a scalar, value 0.0;" in gda._repr_html_()
+  monkeypatch.setattr(moves, "_fetch_always_allowed", lambda arr: False)  # as on a GPU
+  fresh = _gda(mesh_2d, (), P())
+  with jax.transfer_guard_device_to_host("disallow"):
+    text = fresh._repr_html_()
+  assert "a scalar, value not shown (JaxRuntimeError: INVALID_ARGUMENT: Disallowed " in text
 
 
 def test_a_deleted_or_donated_gda_displays_as_deleted(mesh_2d):

@@ -439,8 +439,9 @@ FETCHES = {
 @pytest.mark.parametrize("level", LEVELS)
 def test_fetch_from_cpu_is_judged_as_stock_judges_the_same_jax_array(level, fetch, mesh_2d):
   """Stock's CPU rule, version for version: jax 0.10.2 allows every fetch
-  from CPU devices at every level; jax 0.12 guards a multi-device one (its
-  batched host copy) and still allows one device. A GDA's fetch is allowed
+  from CPU devices at every level; jax 0.12 guards a sharded one (its
+  batched host copy) and still allows one buffer (one device, or a fully
+  replicated array). A GDA's fetch is allowed
   or refused exactly as the same `jax.Array`'s, and an allowed one is in
   the ledger."""
   def outcome(x):
@@ -454,7 +455,7 @@ def test_fetch_from_cpu_is_judged_as_stock_judges_the_same_jax_array(level, fetc
 
   one_device = NamedSharding(Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("x", "y")),
                              P("x"))
-  for sharding in (NamedSharding(mesh_2d, P("x")), one_device):
+  for sharding in (NamedSharding(mesh_2d, P("x")), NamedSharding(mesh_2d, P()), one_device):
     def make(sharding=sharding):
       return jse.GlobalDeviceArray.from_callback(DATA.shape, sharding.mesh, sharding.spec,
                                                  lambda i: DATA[i])

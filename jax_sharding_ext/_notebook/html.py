@@ -9,7 +9,9 @@ zero-size dimension is drawn as if it had size 1, so boxes of distinct
 indices still sit side by side. Each box carries `data-index` (`start:stop`
 per dimension, comma separated; the indices of a shared box separated by
 `;`) and `data-devices` (device ids, comma separated) for tools and tests. Below it,
-the exact table: index, device, process and replica id of every shard. Plain
+the exact table: index, device, process and replica id of every shard (the
+first 32 and the last 8 of more than 64). A scalar is one small box, and its
+caption gives its value (fetched as `np.asarray` fetches it). Plain
 HTML and inline CSS: no script, no network; boxes have their own light
 background and dark text, so the picture reads in light and dark themes.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 import colorsys
 import html
 from collections.abc import Sequence
+
+import numpy as np
 
 _WIDTH = 480  # px of the picture's long side
 _MIN_SIDE = 48  # px of its short side, however thin the array
@@ -60,17 +64,37 @@ def _shown_dims(shape: Sequence[int], shard_shape: Sequence[int]) -> list[int]:
   return sorted(ranked[:2])
 
 
+_TABLE_HEAD, _TABLE_TAIL = 32, 8  # rows shown of a table of more than 64 shards
+
+
 def _table(gda) -> str:
   rows = []
-  for s in gda.global_shards:
+  shards = gda.global_shards
+  shown = (shards if len(shards) <= 2 * _TABLE_HEAD
+           else [*shards[:_TABLE_HEAD], None, *shards[-_TABLE_TAIL:]])
+  for s in shown:
+    if s is None:
+      rows.append(f"<tr><td colspan='4'>... {len(shards) - _TABLE_HEAD - _TABLE_TAIL} "
+                  "more shards ...</td></tr>")
+      continue
     rows.append(
         f"<tr><td><code>{_index_text(_bounds(s.index, gda.shape)) or '()'}</code></td>"
         f"<td>{html.escape(str(s.device))}</td><td>{s.device.process_index}</td>"
         f"<td>{s.replica_id}</td></tr>")
-  return ("<style>.jse-table td, .jse-table th {padding: 1px 10px; text-align: left}</style>"
+  return ("<style>.jse-table td, .jse-table th {padding: 1px 10px; text-align: left "
+          "!important}</style>"
           "<table class='jse-table' style='border-collapse:collapse;margin-top:6px'>"
           "<thead><tr><th>index</th><th>device</th><th>process</th><th>replica id</th>"
           "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _scalar_text(gda) -> str:
+  """The value of a 0-d GDA, fetched as `np.asarray` fetches it (the repr of
+  a `jax.Array` shows its value too), or why it is not shown."""
+  try:
+    return str(np.asarray(gda))
+  except Exception as e:  # the transfer guard, or a value on other processes
+    return f"not shown ({type(e).__name__}: {str(e).split('. ')[0]})"
 
 
 def gda_html(gda) -> str:
@@ -93,7 +117,9 @@ def gda_html(gda) -> str:
   cols_dim = dims[-1] if dims else None
   n_rows = max(shape[rows_dim], 1) if rows_dim is not None else 1  # size 0 is drawn as 1
   n_cols = max(shape[cols_dim], 1) if cols_dim is not None else 1
-  if n_cols >= n_rows:
+  if not shape:  # a scalar: one small box
+    width, height = 4 * _MIN_SIDE, _MIN_SIDE
+  elif n_cols >= n_rows:
     width, height = _WIDTH, max(_MIN_SIDE, round(_WIDTH * n_rows / n_cols))
   else:
     width, height = max(_MIN_SIDE, round(_WIDTH * n_cols / n_rows)), _WIDTH
@@ -133,7 +159,7 @@ def gda_html(gda) -> str:
   elif len(shape) == 1:
     caption = f"shape {shape}, drawn as one row"
   else:
-    caption = "a scalar"
+    caption = f"a scalar, value {_scalar_text(gda)}"
   caption += (f"; {len(boxes)} shard{'s' if len(boxes) != 1 else ''}"
               f" on {len(shards)} device{'s' if len(shards) != 1 else ''}"
               f", mesh {dict(gda.mesh.shape)}, mesh_axes {gda.mesh_axes}")

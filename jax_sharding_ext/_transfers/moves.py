@@ -25,8 +25,9 @@ Each is classified and judged by the transfer guard (`guard.py`), and
 recorded in the open transfer ledgers (`ledger.py`); with no ledger open and
 every guard level "allow", nothing is built and the move runs as stock's.
 Fetching from CPU devices is allowed as stock jaxlib allows it for the same
-`jax.Array`: always in jax 0.10.2, for single-device arrays only in jax 0.12
-(see `jax_transfer.JAXLIB_GUARDS_CPU_FETCH`).
+`jax.Array`: always in jax 0.10.2; in jax 0.12 where it fetches one buffer
+(one device, or a fully replicated array; see
+`jax_transfer.JAXLIB_GUARDS_CPU_FETCH`).
 
 As in stock JAX, a fetched value is kept on the host: the first of
 `copy_to_host_async()` / `np.asarray` / `jax.device_get` on a GDA is the
@@ -232,11 +233,12 @@ def _fetch(gda, arr, move):
 
 def _fetch_always_allowed(arr) -> bool:
   """True where stock never guards fetching `arr`: CPU devices, and for jax
-  0.12 one device only (tests patch this to act as a GPU)."""
+  0.12 only where it fetches one buffer (one device, or a fully replicated
+  array). Tests patch this to act as a GPU."""
   sharding = arr.sharding
   if jax_transfer.sharding_platform(sharding) != "cpu":
     return False
-  return not jax_transfer.JAXLIB_GUARDS_CPU_FETCH or len(sharding.device_set) == 1
+  return not jax_transfer.JAXLIB_GUARDS_CPU_FETCH or sharding.is_fully_replicated
 
 
 def _already_on(v, device) -> bool:
