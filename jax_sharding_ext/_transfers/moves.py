@@ -167,9 +167,10 @@ def to_host(gda, dtype=None, copy=None) -> np.ndarray:
   """The global value of a GDA whose value this process holds, as numpy
   (`dtype` and `copy` as `np.asarray` of the same `jax.Array` takes them)."""
   arr = gda._checked_array("fetch it to the host")
-  kwargs = {} if copy is None else {"copy": copy}
+  if copy is not None:  # numpy >= 2 passes it only when the caller gave it
+    return np.asarray(to_host(gda), dtype=dtype, copy=copy)
   if gda._host_fetched:  # the value is already on the host: nothing moves
-    return np.asarray(arr, dtype=dtype, **kwargs)
+    return np.asarray(arr, dtype=dtype)
   sharding = jax_tables.sharding_of(arr)
   if not (sharding.is_fully_addressable
           or jax_transfer.process_holds_value(sharding, arr.shape)):
@@ -181,7 +182,7 @@ def to_host(gda, dtype=None, copy=None) -> np.ndarray:
         "`gda.local_shards`.")
   if not sharding.is_fully_replicated:  # stock's fetch reads the per-shard arrays:
     jax_buffers.ready(arr)  # their cache is built under the lock, once
-  return _fetch(gda, arr, lambda: np.asarray(arr, dtype=dtype, **kwargs))
+  return _fetch(gda, arr, lambda: np.asarray(arr, dtype=dtype))
 
 
 def holds_value(arr) -> bool:
