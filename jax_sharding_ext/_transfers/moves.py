@@ -166,9 +166,9 @@ def _aot_mismatch_error(arrays, shardings, moving) -> ValueError:
 def to_host(gda, dtype=None, copy=None) -> np.ndarray:
   """The global value of a GDA whose value this process holds, as numpy
   (`dtype` and `copy` as `np.asarray` of the same `jax.Array` takes them)."""
-  arr = gda._checked_array("fetch it to the host")
   if copy is not None:  # numpy >= 2 passes it only when the caller gave it
     return np.asarray(to_host(gda), dtype=dtype, copy=copy)
+  arr = gda._checked_array("fetch it to the host")
   if gda._host_fetched:  # the value is already on the host: nothing moves
     return np.asarray(arr, dtype=dtype)
   sharding = jax_tables.sharding_of(arr)
