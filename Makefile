@@ -13,7 +13,7 @@ PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | hea
   "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p" || echo "$$p"; } && break; done)
 VENV312 ?= .venv312
 
-.PHONY: install demo test test-default test-jax012 wheel-check docs lint typecheck bench notebooks chromium clean
+.PHONY: install demo test test-default test-jax012 wheel-check docs lint typecheck bench fuzz notebooks chromium clean
 
 install: $(STAMP)
 
@@ -78,6 +78,16 @@ typecheck: install
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
+
+# The fuzzers at length (minutes): JSE_FUZZ_SCALE times the examples they run
+# in make test, from a new seed, printed first (`make fuzz SEED=...` repeats a
+# run). A failing example is shrunk and saved as a test under tests/found/.
+SEED ?= $(shell date +%s)
+JSE_FUZZ_SCALE ?= 20
+fuzz: install
+	@echo "make fuzz: seed $(SEED); repeat with: make fuzz SEED=$(SEED)"
+	JSE_FUZZ=1 JSE_FUZZ_SEED=$(SEED) JSE_FUZZ_SCALE=$(JSE_FUZZ_SCALE) \
+	  $(BIN)/python -m pytest -q -m fuzz -p no:cacheprovider --hypothesis-seed=$(SEED)
 
 # The documentation site (Sphinx + myst-nb) into build/docs. Any warning fails
 # the build; it runs the example notebooks (DOCS_EXECUTE=off shows their

@@ -16,12 +16,18 @@ _flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
 os.environ["XLA_FLAGS"] = " ".join(
     [f"--xla_force_host_platform_device_count={N_DEVICES}", *_flags])
 
+import _fuzz  # noqa: E402,F401  (the hypothesis profiles: "ci", and "fuzz" for make fuzz)
+import _isolated  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 import jax_sharding_ext  # noqa: E402  (installs the handlers)
+
+
+def pytest_sessionfinish(session, exitstatus):
+  _isolated.close()  # the child that ran risky examples
 
 
 @pytest.fixture(scope="session")
