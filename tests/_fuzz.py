@@ -59,9 +59,9 @@ def save_found(target: str, example: Any) -> pathlib.Path:
       f'{datetime.date.today()}): the shrunk example of `{name}`.\n\n'
       "Copy it into a regression test named after the behaviour it shows,\n"
       'then delete this file."""\n\n'
+      "import _isolated\n"
       "from strategies import *  # noqa: F403  (the example's types)\n\n"
-      "import _isolated\n\n"
-      f"EXAMPLE = {example!r}\n\n\n"
+      f"EXAMPLE = {example!r}  # noqa: F405\n\n\n"
       "def test_found():\n"
       f"  _isolated.run({target!r}, EXAMPLE)\n")
   return path

@@ -107,3 +107,118 @@ def sharded_arrays(draw, mesh: MeshSpec | None = None, max_rank: int = 3,
   spec = draw(specs(mesh, rank))
   extra = tuple(draw(st.lists(st.integers(1, 2), min_size=rank, max_size=rank)))
   return mesh, spec, divisible_shape(mesh, spec, extra), draw(st.sampled_from(dtypes))
+
+
+# ---------------------------------------------------------------------------
+# Sharing and donation (`test_fuzz_sharing.py`).
+# ---------------------------------------------------------------------------
+
+SHARING_SOURCES = ("gda", "array", "jit_gda")
+"""Fresh arrays: a GDA from host data, a `jax.Array`, a GDA output of `jax.jit`."""
+
+SHARING_ROUTES = {
+    # route: (the kind of value it makes from a GDA, from a jax.Array)
+    "to_jax_array": ("array", "array"),  # a jax.Array is passed on as itself
+    "from_jax_array": ("gda", "gda"),
+    "jnp_asarray": ("array", "array"),
+    "device_put_same": ("array", "array"),
+    "device_put_equivalent": ("array", "array"),  # another Mesh, the same devices
+    "device_put": ("array", "array"),
+    "reshape_itself": ("gda", "array"),
+    "astype_itself": ("gda", "array"),
+    "pickle": ("gda", "array"),
+    "copy": ("array", "array"),
+    "gda_over_shards": ("gda", "gda"),
+    "stock_over_shards": ("array", "array"),
+    "callback_with_devices": ("gda", "gda"),
+}
+"""Every route from one array to another that may share its buffers."""
+
+CALL_FORMS = ("argnums", "argnames", "pjit", "aot", "shard_map")
+WARMTH = ("cold", "warm", "warm_thread")
+"""Cold, or after a first call (on this thread or another) with independent
+arrays of the same kinds, which fills jit's cache."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SharingProgram:
+  """Arrays made and derived, then one donating call (`test_fuzz_sharing.py`).
+
+  `derived`: `(route, i)`, a new value made from value `i` (sources first).
+  `args`: `("leaf", i)`, `("tuple", i, j)` or `("dict", i)` per argument.
+  `donate`: per argument. `keep`: the values not passed stay alive.
+  """
+
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  dtype: str
+  sources: tuple[str, ...]
+  derived: tuple[tuple[str, int], ...]
+  args: tuple[tuple, ...]
+  donate: tuple[bool, ...]
+  form: str
+  warm: str
+  keep: bool = True
+
+
+@st.composite
+def sharing_programs(draw) -> SharingProgram:
+  mesh = draw(meshes(max_rank=2).filter(lambda m: len(m.device_ids) != 4))
+  rank = draw(st.integers(1, 2))
+  spec = draw(specs(mesh, rank))
+  shape = divisible_shape(mesh, spec, tuple(draw(st.lists(st.integers(1, 2), min_size=rank,
+                                                          max_size=rank))))
+  sources = tuple(draw(st.lists(st.sampled_from(SHARING_SOURCES), min_size=1, max_size=2)))
+  kinds = ["array" if s == "array" else "gda" for s in sources]
+  derived = []
+  for _ in range(draw(st.integers(0, 4))):
+    route = draw(st.sampled_from(sorted(SHARING_ROUTES)))
+    i = draw(st.integers(0, len(kinds) - 1))
+    derived.append((route, i))
+    kinds.append(SHARING_ROUTES[route][kinds[i] == "array"])
+  args = []
+  for _ in range(draw(st.integers(1, 3))):
+    kind = draw(st.sampled_from(("leaf", "leaf", "leaf", "tuple", "dict")))
+    pick = st.integers(0, len(kinds) - 1)
+    args.append((kind, draw(pick), draw(pick)) if kind == "tuple" else (kind, draw(pick)))
+  leaves = [i for _, *idx in args for i in idx]
+  if not any(kinds[i] == "gda" for i in leaves):  # a call of jax.Arrays only is stock's
+    args[0] = ("leaf", kinds.index("gda") if "gda" in kinds else 0)
+    if kinds[args[0][1]] != "gda":
+      derived.append(("from_jax_array", args[0][1]))
+      kinds.append("gda")
+      args[0] = ("leaf", len(kinds) - 1)
+  donate = tuple(draw(st.lists(st.booleans(), min_size=len(args), max_size=len(args))))
+  return SharingProgram(mesh, spec, shape, draw(st.sampled_from(("float32", "int32"))),
+                        sources, tuple(derived), tuple(args), donate,
+                        draw(st.sampled_from(CALL_FORMS)), draw(st.sampled_from(WARMTH)),
+                        draw(st.booleans()))
+
+
+# ---------------------------------------------------------------------------
+# Install and uninstall racing other threads (`test_fuzz_install.py`).
+# ---------------------------------------------------------------------------
+
+RACING_USES = ("new_jit", "warm_jit", "jnp", "grad", "pjit", "output_flag", "ordered_print",
+               "device_put", "fetch", "checkpoint")
+"""The uses of a GDA a worker thread repeats while the package is swapped."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InstallRace:
+  """Worker threads (each a tuple of `RACING_USES` it cycles through) and the
+  main thread's pauses (seconds) before each `uninstall()` / `install()`."""
+
+  workers: tuple[tuple[str, ...], ...]
+  pauses: tuple[float, ...]
+
+
+@st.composite
+def install_races(draw) -> InstallRace:
+  use = st.sampled_from(RACING_USES)
+  workers = draw(st.lists(st.lists(use, min_size=1, max_size=3).map(tuple),
+                          min_size=1, max_size=3))
+  pauses = draw(st.lists(st.sampled_from((0.0, 0.0005, 0.002, 0.01, 0.05)),
+                         min_size=2, max_size=40))
+  return InstallRace(tuple(workers), tuple(pauses))

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 
+import _isolated
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,6 +110,89 @@ def test_donating_next_to_an_array_over_the_same_buffers_never_crashes(how, dona
                         capture_output=True, text=True, timeout=180)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip() == "REFUSED"
+
+
+def warm_call_next_to_an_equivalent_placement(form: str) -> str:
+  """Child side: a donating jit's cache is filled by a call with a shared GDA
+  and an unrelated array of an equivalent sharding (another `Mesh` over the
+  same devices), then called with a GDA and stock's array over its buffers.
+  Returns "refused" or "ran"."""
+  from jax.sharding import Mesh
+  mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+  other = NamedSharding(Mesh(mesh.devices, ("p", "q")), P("p", "q"))
+  data = np.arange(16, dtype=np.float32).reshape(8, 2)
+
+  def mk():
+    return GlobalDeviceArray.from_callback((8, 2), mesh, XY, lambda i: data[i])
+
+  if form == "argnames":
+    f = jax.jit(lambda a, b: a + b, donate_argnames="a")
+  elif form == "aot":
+    f = jax.jit(lambda a, b: a + b, donate_argnums=0)
+  else:
+    f = jax.jit(lambda a, b: a + b, donate_argnums=0)
+  first, view = mk(), None
+  view = first.to_jax_array()  # a shared GDA: its buffers are held elsewhere
+  unrelated = jax.device_put(np.ones((8, 2), np.float32), other)
+  if form == "aot":
+    f = f.lower(first, unrelated).compile()
+  if form == "thread":
+    t = threading.Thread(target=lambda: f(first, unrelated).block_until_ready())
+    t.start()
+    t.join()
+  else:
+    f(first, unrelated).block_until_ready()
+  del view
+  g = mk()
+  y = jax.device_put(g, other)  # stock's array over g's very buffers
+  try:
+    f(g, y)
+  except RuntimeError as e:
+    assert "Cannot donate" in str(e), e
+    assert not g.is_deleted() and not y.is_deleted()
+    return "refused"
+  return "ran"
+
+
+@pytest.mark.parametrize("form", ["argnums", "argnames", "aot", "thread"])
+def test_a_warm_call_is_judged_as_a_cold_one_for_equivalent_shardings(form):
+  """An equivalent sharding is the same placement: the cache entry a call
+  with arrays of an equivalent sharding filled does not let a GDA be donated
+  next to stock's array over its buffers (that crashed jaxlib on 8 devices)."""
+  assert _isolated.run("test_shared_buffers:warm_call_next_to_an_equivalent_placement",
+                       form) == "refused"
+
+
+def gda_next_to_stock_array_from_its_view(warm: str) -> str:
+  """Child side: `f(donate(g), jax.device_put(g.to_jax_array(), <equivalent>))`,
+  cold or warm, the view dropped or kept. Returns "refused" or "ran"."""
+  from jax.sharding import Mesh
+  mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+  other = NamedSharding(Mesh(mesh.devices, ("p", "q")), P("p", "q"))
+  data = np.arange(16, dtype=np.float32).reshape(8, 2)
+  f = jax.jit(lambda a, b: a + b, donate_argnums=0)
+  if warm == "warm":
+    a = GlobalDeviceArray.from_callback((8, 2), mesh, XY, lambda i: data[i])
+    f(a, jax.device_put(np.ones((8, 2), np.float32), other)).block_until_ready()
+  g = GlobalDeviceArray.from_callback((8, 2), mesh, XY, lambda i: data[i])
+  view = g.to_jax_array()
+  y = jax.device_put(view, other)  # stock only: the package never sees this array
+  if warm != "view kept":
+    del view
+  try:
+    f(g, y)
+  except RuntimeError as e:
+    assert "Cannot donate" in str(e), e
+    return "refused"
+  return "ran"
+
+
+@pytest.mark.parametrize("warm", ["cold", "warm", "view kept"])
+def test_a_gda_is_refused_next_to_a_stock_array_made_from_its_view(warm):
+  """Once a GDA has handed out a `jax.Array` over its buffers, stock can make
+  more arrays over them unseen; donating the GDA next to one is refused."""
+  assert _isolated.run("test_shared_buffers:gda_next_to_stock_array_from_its_view",
+                       warm) == "refused"
 
 
 def _gda(mesh, data=None):

@@ -30,7 +30,7 @@ from jax_sharding_ext._array.checks import check_buffers, extended_dtype_error
 from jax_sharding_ext._array.records import FROM_SHARDING, GdaShape, Shard
 from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, layout, old_spec_repr
 from jax_sharding_ext._array.surface import _ArraySurface
-from jax_sharding_ext._edit import STATE
+from jax_sharding_ext._edit import STATE, uninstalled_error
 from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
@@ -67,14 +67,14 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
   """
 
   # `_init` and `rebuild` (the hot path of every GDA output) set every slot.
-  __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched", "_family",
+  __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched", "_shared",
                "_key", "__weakref__")
   _arr: Any  # the private `jax.Array` (its sharding a `NamedSharding`)
   _mesh: Mesh | None
   _mesh_axes: Any
   _local_shards: list[Shard] | None
   _host_fetched: bool
-  _family: Any
+  _shared: bool
   _key: Any
   __array_priority__ = 100
 
@@ -90,7 +90,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
         lay.shape, construct.named_sharding(global_mesh, lay.spec), list(device_buffers))
     self._init(arr, global_mesh, mesh_axes)
     # The buffers stay the caller's too (and whatever array they are shards of).
-    family.mark_untracked(self)
+    family.mark_shared(self)
 
   def _init(self, arr: jax.Array, mesh: Mesh, mesh_axes: MeshAxes) -> None:
     self._arr = arr
@@ -100,9 +100,9 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     # Set by the first fetch to the host (`_transfers/moves.py`); later
     # fetches read the host copy, as for a `jax.Array`, and are not transfers.
     self._host_fetched = False
-    # The objects sharing `_arr`'s buffers (`family.py`), and the key of the
+    # Whether arrays outside this GDA may hold its buffers (`family.py`), and the key of the
     # last jit call that flattened this GDA on a slow key (`_jax/dispatch.py`).
-    self._family = None
+    self._shared = False
     self._key = None
 
   @classmethod
@@ -116,7 +116,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     if mesh_axes is not None:
       self._mesh_axes = mesh_axes
     if shared:
-      family.mark_untracked(self)
+      family.mark_shared(self)
     return self
 
   # -- conversions ----------------------------------------------------------
@@ -147,7 +147,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     if not jax_tables.is_plain_dtype(arr.dtype):
       raise TypeError(extended_dtype_error(arr.dtype, "The `jax.Array`"))
     self = cls._wrap(arr)
-    self._arr = family.sibling_of(self, arr)
+    self._arr = family.handed_out(self, arr)
     return self
 
   def to_jax_array(self) -> jax.Array:
@@ -156,7 +156,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     It shares the buffers, deletion and donation with the GDA: deleting or
     donating either deletes both, as for two names of one array.
     """
-    return family.sibling_of(self, self._checked_array("convert it with `to_jax_array()`"))
+    return family.handed_out(self, self._checked_array("convert it with `to_jax_array()`"))
 
   @property
   def __jax_array__(self) -> Callable[[], jax.Array]:
@@ -166,17 +166,13 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     # TypeError: `jax.jit` replaces any TypeError from reading an argument's
     # type with its generic "Error interpreting argument" text.
     if not STATE.installed:
-      raise RuntimeError(
-          f"{self} cannot be passed to JAX: jax_sharding_ext is uninstalled, "
-          "so JAX no longer knows `GlobalDeviceArray`. Call "
-          "`jax_sharding_ext.install()` to use GDAs again, or pass "
-          "`gda.to_jax_array()`.")
+      raise uninstalled_error(str(self))
     return self._jax_array
 
   def _jax_array(self) -> jax.Array:
     # A sibling (`to_jax_array`): `jnp.asarray(gda)` returns a `jax.Array`
     # over its buffers, never the private array itself.
-    return family.sibling_of(self, self._checked_array(_USE))
+    return family.handed_out(self, self._checked_array(_USE))
 
   def _checked_array(self, action: str) -> jax.Array:
     arr = self._arr
@@ -338,7 +334,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     arr = self._checked_array("read its local shards")
     shards = self._local_shards
     if shards is None:
-      family.mark_untracked(self)
+      family.mark_shared(self)
       lay = layout(self.shape, self.mesh, self.mesh_axes)
       indices, rids = lay.indices, lay.replica_ids
       pos = {d: i for i, d in enumerate(self.mesh.devices.flat)}
@@ -502,6 +498,6 @@ def rebuild(key: Any, children: Sequence[jax.Array]) -> GlobalDeviceArray:
   self._mesh_axes = FROM_SHARDING
   self._local_shards = None
   self._host_fetched = False
-  self._family = None
+  self._shared = False
   self._key = None
   return self

@@ -187,14 +187,14 @@ class _ArraySurface:
     """`jax.Array.__dlpack__` (one device). The consumer may wrap the
     buffer as an array the package does not see (`family.py`)."""
     arr = self._shard_array(_ACTION)
-    family.mark_untracked(self)
+    family.mark_shared(self)
     return arr.__dlpack__(*args, **kwargs)
 
   def _rewrap_with_aval_and_sharding(self, aval: Any, sharding: Any) -> Any:
     """`jax.Array._rewrap_with_aval_and_sharding`: a `jax.Array` over the
     same buffers with another aval and sharding (no copy)."""
     out = self._checked_array(_ACTION)._rewrap_with_aval_and_sharding(aval, sharding)
-    family.mark_untracked(self)  # an alias of another shape the family cannot list
+    family.mark_shared(self)
     return out
 
   def __format__(self, format_spec: str) -> str:

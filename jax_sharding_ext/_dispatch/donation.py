@@ -47,7 +47,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_sharding_ext._array.family import buffers_id, gda_untracked, is_untracked
 from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import dispatch as jax_dispatch
@@ -193,9 +192,9 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
     return
   info = jax_donation.current_call_donation()
   if info is None:
-    jax_dispatch.record_call(None, None, gdas, GlobalDeviceArray, gda_untracked)
+    jax_dispatch.record_call(None, None, gdas, GlobalDeviceArray)
     return
-  jax_dispatch.record_call(info.args, info.donated, gdas, GlobalDeviceArray, gda_untracked)
+  jax_dispatch.record_call(info.args, info.donated, gdas, GlobalDeviceArray)
   if not any(info.donated):
     return
   pair = _donated_alias(info.args, info.donated)
@@ -214,50 +213,48 @@ def check_donated_args(gdas: Sequence[Any]) -> None:
       "donated.")
 
 
-def _may_share(a: frozenset | None, b: frozenset | None) -> bool:
-  """Whether two arrays' buffer addresses meet. An unknown address counts as
-  shared: refusing is safe, running is not."""
-  return a is None or b is None or bool(a & b)
-
-
 def _donated_alias(args: Sequence[Any], donated: Sequence[bool]) -> tuple[int, int] | None:
-  """`(i, j)`: donated argument `i` shares buffers with argument `j`, or None.
+  """`(i, j)`: donated argument `i` shares a device buffer with argument `j`, or None.
 
-  Arrays of one family are found by family. A GDA of an untracked family may
-  share buffers with any array that has a buffer of its dtype and shard
-  shape on one of its devices, so those are compared by buffer address.
+  The same array twice is found by identity. Otherwise two arrays can share a
+  buffer only if it has the dtype and shard shape of both, and neither is a
+  GDA that is its buffers' only owner (`family.py`); those pairs are compared
+  by buffer address. An address this platform cannot tell counts as shared:
+  refusing is safe, running is not.
   """
   array_t = jax_tables.ArrayImpl
-  arrays: dict[int, Any] = {}  # argument index -> the jax.Array handed over
-  untracked: dict[int, bool] = {}
+  arrays: dict[int, tuple[Any, bool]] = {}  # index -> (the jax.Array handed over, owned)
+  may_share: dict[int, bool] = {}
   for i, x in enumerate(args):
     t = type(x)
     if t is GlobalDeviceArray:
-      arrays[i], untracked[i] = x._arr, gda_untracked(x)
+      arrays[i], may_share[i] = (x._arr, True), x._shared
     elif t is array_t:
-      arrays[i], untracked[i] = x, is_untracked(x)
-  by_family: dict[int, list[int]] = {}
-  for i, arr in arrays.items():
-    by_family.setdefault(buffers_id(arr), []).append(i)
-  for i, arr in arrays.items():
-    same = by_family[buffers_id(arr)]
-    if donated[i] and len(same) > 1:
-      return i, (same[0] if same[0] != i else same[1])
-  if not any(untracked.values()):
-    return None
-  by_shard: dict[tuple, list[int]] = {}
-  for i, arr in arrays.items():
-    if not arr.is_deleted():
-      by_shard.setdefault((arr.dtype, arr.sharding.shard_shape(arr.shape)), []).append(i)
-  for group in by_shard.values():
-    if (len(group) < 2 or not any(donated[i] for i in group)
-        or not any(untracked[i] for i in group)):
+      arrays[i], may_share[i] = (x, False), True
+  first: dict[int, int] = {}
+  for i, (arr, _) in arrays.items():
+    j = first.setdefault(id(arr), i)
+    if j != i and (donated[i] or donated[j]):
+      return (i, j) if donated[i] else (j, i)
+  groups: dict[tuple, list[int]] = {}
+  for i, (arr, _) in arrays.items():
+    if may_share[i] and not arr.is_deleted():
+      groups.setdefault((arr.dtype, arr.sharding.shard_shape(arr.shape)), []).append(i)
+  where: dict[int, frozenset | None] = {}
+  for group in groups.values():
+    if len(group) < 2 or not any(donated[i] for i in group):
       continue
-    where = {i: jax_buffers.addresses(arrays[i], owned=type(args[i]) is GlobalDeviceArray)
-             for i in group}
+    for i in group:
+      if i not in where:
+        arr, owned = arrays[i]
+        where[i] = jax_buffers.addresses(arr, owned=owned)
     for i in group:
       if donated[i]:
         for j in group:
           if j != i and _may_share(where[i], where[j]):
             return i, j
   return None
+
+
+def _may_share(a: frozenset | None, b: frozenset | None) -> bool:
+  return a is None or b is None or bool(a & b)

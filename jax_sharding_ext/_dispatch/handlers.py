@@ -75,9 +75,9 @@ def device_put_args(xs: list, devices: list) -> tuple[list, list, Any]:
     reshards it exactly as it reshards that array (jaxlib judges the transfer
     as it judges that array's); the reshard is recorded in the open ledgers;
   * a target equivalent to the GDA's sharding (another `Mesh` object over the
-    same devices): stock makes its result over the GDA's very buffers, which
-    then joins the GDA's family, so that donating one next to the other is
-    refused (`family.py`).
+    same devices): stock makes its result over the GDA's very buffers, so the
+    GDA is marked shared, and donating one next to the other is refused
+    (`family.py`).
   """
   records, placed = [], []
   for i, (x, d) in enumerate(zip(xs, devices, strict=True)):
@@ -98,7 +98,7 @@ def device_put_args(xs: list, devices: list) -> tuple[list, list, Any]:
     moves.record(records)
     for i, gda in placed:
       if out[i] is not gda and jax_buffers.shares_buffers(out[i], gda._arr):
-        family.adopt(gda, out[i])
+        family.mark_shared(gda)
   return xs, devices, done
 
 

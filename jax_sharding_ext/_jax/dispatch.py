@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from jax_sharding_ext._edit import STATE
@@ -65,7 +64,7 @@ class DispatchNodeEdit(RegisterOnceEdit):
   """Let jit's C++ fast path unpack a view type to its private array.
 
   Instances of `typ` hold their `jax.Array` in the slot `_arr` and the
-  bookkeeping `view_flatten` reads (`_family`, `_key`); `unflatten(node_data,
+  bookkeeping `view_flatten` reads (`_shared`, `_key`); `unflatten(node_data,
   (array,))` rebuilds an output.
   """
 
@@ -103,20 +102,19 @@ def dispatch_flatten(x: Any) -> tuple[list[Any], Any]:
 # cached executable:
 #
 # * `None` (the plain fast path) when the GDA's private array has no other
-#   reference and no sibling alive: then no other argument of the call can
-#   share its buffers.
+#   reference and the GDA is not shared (`_array/family.py`): then no other
+#   argument of the call can hold its buffers.
 # * an `AliasKey` when its buffers may appear elsewhere in the call: its
 #   private array is referenced again (the same GDA earlier in this call:
-#   C++ holds every leaf it has flattened), or a sibling is alive (the
-#   `jax.Array` the GDA was made from, or one `to_jax_array()` returned, held
-#   by a variable or passed in this call: nothing can tell which, since C++
-#   runs no Python for a `jax.Array` leaf). An alias always has the GDA's
-#   shape, dtype and sharding, and C++ only matches calls whose arguments
-#   have the same ones at the same places. So the key's `__eq__` matches a
-#   cached call whenever that call's executable could not be hurt: it
-#   donates no argument like the GDA, or the GDA is the only argument like
-#   itself. Every other call takes the Python path, where the donation check
-#   sees the whole call.
+#   C++ holds every leaf it has flattened), or the GDA is shared (a
+#   `jax.Array` over its buffers exists outside it, and may be passed in this
+#   call: nothing can tell, since C++ runs no Python for a `jax.Array` leaf).
+#   An alias has the GDA's dtype and shard shape, and C++ only matches calls
+#   whose arguments have the same shapes, dtypes and shardings at the same
+#   places. So the key's `__eq__` matches a cached call whenever that call's
+#   executable could not be hurt by an alias (`record_call` says when).
+#   Every other call takes the Python path, where the donation check sees
+#   the whole call.
 # * a fresh `object()` for a deleted GDA (matches nothing: the Python path
 #   raises the GDA-era error), `DISPATCH_OFF` while uninstalled.
 #
@@ -178,16 +176,8 @@ def view_flatten(gda: Any) -> tuple[tuple[Any], Any]:
   """How jit's C++ dispatch flattens a GDA: `((its private jax.Array,), node data)`."""
   arr = gda._arr
   if _getrefcount(arr) == SOLE_OWNER_REFCOUNT and STATE.installed and not arr.is_deleted():
-    family = gda._family
-    if family is None:
-      return (arr,), None
-    if not family.others_alive(arr):
-      gda._family = None  # every sibling is gone: the plain fast path again
-      return (arr,), None
-    key = _alias_key(gda)
-  else:
-    key = _slow_key(gda)
-  return (arr,), key
+    return (arr,), (_alias_key(gda) if gda._shared else None)
+  return (arr,), _slow_key(gda)
 
 
 def _slow_key(gda: Any) -> Any:
@@ -205,16 +195,25 @@ def _alias_key(gda: Any) -> AliasKey:
   return key
 
 
-def record_call(args: Any, donated: Any, gdas: Any, view_type: Any,
-                loose: Callable[[Any], bool]) -> None:
+def record_call(args: Any, donated: Any, gdas: Any, view_type: Any) -> None:
   """Record on the call's dispatch keys whether an alias could hurt its executable.
 
   `args` / `donated` are the flat arguments of the running call and which
   are donated, or None when they could not be read (then nothing is
   recorded safe); `gdas` the batch of `view_type` arguments being handed to
-  the executable. An alias of a GDA has its shape, dtype and sharding; for a
-  GDA where `loose(gda)`, whose buffers arrays the package does not track may
-  hold too, only its dtype and shard shape (on the shared device).
+  the executable.
+
+  A later call reuses this executable only if it matches this one leaf by
+  leaf: the same shapes, dtypes and shardings, a `jax.Array` where this call
+  had one, a GDA on an alias key where this one had one, and a GDA whose
+  node data is None (its buffers' only owner when flattened) where this one
+  had that. So the arguments a keyed GDA `x` may share a buffer with in such
+  a call are: any `jax.Array` and any keyed GDA with a buffer of `x`'s dtype
+  and shard shape (stock can build those over `x`'s buffers, on any mesh of
+  the same devices), and any GDA with `x`'s very shape, dtype and sharding
+  (it may be `x` itself, passed again: its first occurrence is flattened
+  before C++ holds a second reference). If one of them or `x` is donated,
+  the executable is not safe for `x`.
   """
   if args is None:  # the donation could not be read: never skip the check
     for g in gdas:
@@ -223,20 +222,22 @@ def record_call(args: Any, donated: Any, gdas: Any, view_type: Any,
   keyed: list[Any] = [x for x in args if type(x) is view_type and x._key is not None]
   if not keyed:
     return
-  loose_keyed = {id(x) for x in keyed if loose(x)}  # by id: `==` of a view may raise
-  like: dict[tuple, list[int]] = {}  # key -> [args, donated]
-  for x, d in zip(args, donated, strict=True):
-    arr = x._arr if type(x) is view_type else x
-    if type(arr) is ArrayImpl:
-      keys = [_like(arr)]
-      if loose_keyed and not arr.is_deleted():
-        keys.append(_loose_like(arr))
-      for key in keys:
-        counts = like.setdefault(key, [0, 0])
-        counts[0] += 1
-        counts[1] += bool(d)
   for x in keyed:
-    n_like, n_donated = like[_loose_like(x._arr) if id(x) in loose_keyed else _like(x._arr)]
+    arr = x._arr
+    loose, exact = _loose_like(arr), _like(arr)
+    n_like = n_donated = 0
+    for y, d in zip(args, donated, strict=True):
+      if type(y) is view_type:
+        other = y._arr
+        if not (_loose_like(other) == loose if y._key is not None else _like(other) == exact):
+          continue
+      elif type(y) is ArrayImpl:
+        if _loose_like(y) != loose:
+          continue
+      else:
+        continue
+      n_like += 1
+      n_donated += bool(d)
     _record(x, n_like == 1 or n_donated == 0)
 
 
@@ -245,7 +246,7 @@ def _like(arr: Any) -> tuple:
 
 
 def _loose_like(arr: Any) -> tuple:
-  return ("shard", arr.dtype, arr.sharding.shard_shape(arr.shape))
+  return (arr.dtype, arr.sharding.shard_shape(arr.shape))
 
 
 def _record(gda: Any, safe: bool) -> None:

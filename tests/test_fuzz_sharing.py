@@ -1,0 +1,314 @@
+"""Fuzzer: arrays that share device buffers, called with donation.
+
+A program (`strategies.SharingProgram`) makes fresh arrays, derives more
+through every route that can share buffers (views, conversions, `device_put`
+onto equal and equivalent shardings of other meshes, shard reassembly,
+pickling, methods that return the array itself), then calls a function that
+donates some of its arguments, through one call form (`jax.jit` with
+`donate_argnums` / `donate_argnames`, legacy `pjit`, AOT `Compiled`,
+`shard_map` inside), cold or after a first call with independent arrays of
+the same kinds (on this thread or another one), and calls it again after.
+
+The model: a call is refused (`RuntimeError` "Cannot donate", nothing run,
+nothing deleted) exactly when a donated argument's device buffer is also
+reachable from another argument and a GlobalDeviceArray is one of the two;
+otherwise it does what the same call does on fresh `jax.Array` copies (the
+same values, or the same kind of error), and a later call with a donated
+input raises `RuntimeError`. Buffers are compared by address, the ground
+truth. Two plain `jax.Array`s sharing a donated buffer with no GDA involved
+are stock JAX's concern (stock crashes on them too), so such programs are
+not run.
+
+Every program runs in the suite's child process: a crash is a failure that
+names the program.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Any
+
+import pytest
+from _fuzz import budget, isolated
+from hypothesis import given
+from strategies import SharingProgram, sharing_programs
+
+pytestmark = pytest.mark.fuzz
+
+
+# ---------------------------------------------------------------------------
+# The child side: build the program's arrays, judge the call by the model.
+# ---------------------------------------------------------------------------
+
+
+def _equivalent_sharding(sharding):
+  """The same placement on another `Mesh` object: its axes renamed."""
+  import jax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+  mesh = sharding.mesh
+  names = tuple(f"{n}_2" for n in mesh.axis_names)
+  rename = dict(zip(mesh.axis_names, names, strict=True))
+  spec = [None if e is None else rename[e] if isinstance(e, str)
+          else tuple(rename[a] for a in e) for e in sharding.spec]
+  del jax
+  return NamedSharding(Mesh(mesh.devices, names), PartitionSpec(*spec))
+
+
+_PLUS_ZERO: list = []
+
+
+def _plus_zero():
+  if not _PLUS_ZERO:
+    import jax
+    _PLUS_ZERO.append(jax.jit(lambda a: a + 0))
+  return _PLUS_ZERO[0]
+
+
+def _route(route: str, v: Any, base) -> Any:
+  """The value made from `v` by `route`. `base`: the program's NamedSharding,
+  the placement of every value (stock may give a one-device result a
+  `SingleDeviceSharding`)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding
+
+  from jax_sharding_ext import GlobalDeviceArray as GDA
+  if not isinstance(v.sharding, NamedSharding):
+    v = jax.device_put(v, base)
+  gda, s = isinstance(v, GDA), v.sharding
+  if route == "to_jax_array":
+    return v.to_jax_array() if gda else v
+  if route == "from_jax_array":
+    return GDA.from_jax_array(v)
+  if route == "jnp_asarray":
+    return jnp.asarray(v)
+  if route == "device_put_same":
+    return jax.device_put(v, s)
+  if route == "device_put_equivalent":
+    return jax.device_put(v, _equivalent_sharding(s))
+  if route == "device_put":
+    return jax.device_put(v)
+  if route == "reshape_itself":
+    return v.reshape(v.shape)
+  if route == "astype_itself":
+    return v.astype(v.dtype)
+  if route == "pickle":
+    return pickle.loads(pickle.dumps(v))
+  if route == "copy":
+    return jnp.copy(v)
+  shards = [sh.data for sh in (v.local_shards if gda else v.addressable_shards)]
+  if route == "gda_over_shards":
+    return GDA(v.shape, s.mesh, s.spec, shards)
+  if route == "stock_over_shards":
+    return jax.make_array_from_single_device_arrays(v.shape, s, shards)
+  if route == "callback_with_devices":
+    return GDA.from_batched_callback_with_devices(v.shape, s.mesh, s.spec,
+                                                  lambda entries: shards)
+  raise ValueError(route)
+
+
+def _build(p: SharingProgram, host) -> list:
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  import jax_sharding_ext as jse
+  from jax_sharding_ext import GlobalDeviceArray as GDA
+  mesh = p.mesh.build()
+  sharding = NamedSharding(mesh, PartitionSpec(*p.spec))
+  values: list = []
+  for src in p.sources:
+    # A copy per source: on CPU, arrays placed from one numpy array may keep
+    # its memory, so independent sources would share buffer addresses.
+    host = host.copy()
+    if src == "gda":
+      values.append(GDA.from_callback(host.shape, mesh, PartitionSpec(*p.spec),
+                                      lambda idx, host=host: host[idx]))
+    elif src == "array":
+      values.append(jax.device_put(host, sharding))
+    elif src == "jit_gda":  # an output of jit with the output flag on
+      with jse.parallel_functions_output_gda(True):
+        values.append(_plus_zero()(jax.device_put(host, sharding)))
+    else:
+      raise ValueError(src)
+  for route, i in p.derived:
+    values.append(_route(route, values[i], sharding))
+  return values
+
+
+def _args(p: SharingProgram, leaf_values: list) -> tuple:
+  """The call's arguments: each `p.args` entry is a value or a small pytree."""
+  it = iter(leaf_values)
+  out = []
+  for kind, *_ in p.args:
+    if kind == "leaf":
+      out.append(next(it))
+    elif kind == "tuple":
+      out.append((next(it), next(it)))
+    else:
+      out.append({"w": next(it)})
+  return tuple(out)
+
+
+def _leaf_indices(p: SharingProgram) -> list[int]:
+  return [i for _, *idx in p.args for i in idx]
+
+
+def _addresses(leaf) -> frozenset:
+  """Ground truth: (device id, buffer address) of each of the leaf's shards."""
+  from jax_sharding_ext import GlobalDeviceArray as GDA
+  from jax_sharding_ext._jax import buffers
+  if isinstance(leaf, GDA):
+    return buffers.addresses(leaf._arr, owned=True)
+  return buffers.addresses(leaf, owned=False)
+
+
+def _function(p: SharingProgram):
+  """A fresh function of `p`'s form; every output can alias an input."""
+  import jax
+  from jax.sharding import PartitionSpec
+
+  from jax_sharding_ext import pjit
+  n = len(p.args)
+  donate = tuple(i for i, d in enumerate(p.donate) if d)
+
+  def body(*args):
+    return jax.tree.map(lambda v: v * 2 + 1, args)
+
+  def named(a, b=None, c=None):
+    return body(*(a, b, c)[:n])
+
+  if p.form == "argnums":
+    return jax.jit(body, donate_argnums=donate)
+  if p.form == "argnames":
+    return jax.jit(named, donate_argnames=tuple("abc"[i] for i in donate))
+  if p.form == "pjit":
+    return pjit(body, donate_argnums=donate)
+  if p.form == "shard_map":
+    mesh = p.mesh.build()
+    spec = PartitionSpec(*p.spec)
+    specs = tuple(jax.tree.map(lambda _: spec, a) for a in _args(p, [0] * len(_leaf_indices(p))))
+    inner = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=specs)
+    return jax.jit(lambda *a: inner(*a), donate_argnums=donate)
+  if p.form == "aot":
+    return _AotOnFirstCall(jax.jit(body, donate_argnums=donate))
+  raise ValueError(p.form)
+
+
+class _AotOnFirstCall:
+  """`jit(f).lower(args).compile()` at the first call, the `Compiled` after."""
+
+  def __init__(self, jitted):
+    self.jitted, self.compiled = jitted, None
+
+  def __call__(self, *args):
+    if self.compiled is None:
+      self.compiled = self.jitted.lower(*args).compile()
+    return self.compiled(*args)
+
+
+def _call(f, args, on_thread: bool):
+  if not on_thread:
+    return f(*args)
+  box: dict = {}
+
+  def run():
+    try:
+      box["out"] = f(*args)
+    except BaseException as e:  # handed to the caller
+      box["err"] = e
+  t = threading.Thread(target=run)
+  t.start()
+  t.join()
+  if "err" in box:
+    raise box["err"]
+  return box["out"]
+
+
+def run_sharing_program(p: SharingProgram) -> str:
+  """Run `p` and check the model (see the module docstring); return the outcome."""
+  import jax
+  import numpy as np
+
+  from jax_sharding_ext import GlobalDeviceArray as GDA
+  host = (np.arange(int(np.prod(p.shape)), dtype=p.dtype).reshape(p.shape) % 97)
+  values = _build(p, host)
+  leaves_idx = _leaf_indices(p)
+  leaves = [values[i] for i in leaves_idx]
+  donated_leaf = [d for (kind, *idx), d in zip(p.args, p.donate, strict=True) for _ in idx]
+  where = [_addresses(leaf) for leaf in leaves]
+  alias = stock_only = False
+  for i, d in enumerate(donated_leaf):
+    for j in range(len(leaves)):
+      if d and j != i and where[i] & where[j]:
+        if isinstance(leaves[i], GDA) or isinstance(leaves[j], GDA):
+          alias = True
+        else:
+          stock_only = True
+  if stock_only and not alias:
+    return "stock's concern"
+  # Every route keeps the value. (Fetching it here would keep a host view of
+  # the buffers on CPU, which stops XLA from reusing a donated one.)
+  before = host
+
+  # The reference: the same call on fresh jax.Array copies.
+  fresh = [jax.device_put(host, leaf.sharding) if leaf.committed else jax.device_put(host)
+           for leaf in leaves]
+  try:
+    expected = jax.tree.leaves(_function(p)(*_args(p, fresh)))
+    expected_error = None
+  except Exception as e:
+    expected, expected_error = None, type(e)
+
+  f = _function(p)
+  if p.warm != "cold":  # a first call with independent arrays of the same kinds
+    copies = [_build(p, host) for _ in leaves_idx]  # all alive, as in the real call
+    try:
+      _call(f, _args(p, [c[i] for c, i in zip(copies, leaves_idx, strict=True)]),
+            on_thread=p.warm == "warm_thread")
+    except Exception:
+      pass
+    del copies
+  args = _args(p, leaves)
+  if not p.keep:
+    del values
+  try:
+    out = jax.tree.leaves(f(*args))
+    error = None
+  except Exception as e:
+    out, error = None, e
+  if alias:
+    assert isinstance(error, RuntimeError) and "Cannot donate" in str(error), (
+        f"a donated buffer is shared with another argument, but the call gave {error!r}")
+    for leaf in leaves:
+      assert not leaf.is_deleted(), "a refused call deleted an argument"
+      np.testing.assert_array_equal(np.asarray(leaf), before)
+    return "refused"
+  if expected_error is not None:
+    assert error is not None and isinstance(error, expected_error), (
+        f"on fresh copies the call raises {expected_error.__name__}; here: {error!r}")
+    return "stock's error"
+  assert error is None, f"the call shares no donated buffer, but raised {error!r}"
+  assert out is not None and expected is not None
+  for o, e in zip(out, expected, strict=True):
+    np.testing.assert_array_equal(np.asarray(o), np.asarray(e))
+  deleted = [leaf.is_deleted() for leaf in leaves]
+  assert deleted == [x.is_deleted() for x in fresh], (
+      f"deleted after the call: {deleted}; the fresh copies: "
+      f"{[x.is_deleted() for x in fresh]}")
+  if any(d and isinstance(leaf, GDA) for d, leaf in zip(deleted, leaves, strict=True)):
+    try:  # calling again with a donated GDA: the package's clear error
+      f(*args)
+    except RuntimeError as e:
+      assert "deleted" in str(e), e
+    else:
+      raise AssertionError("a call with an already donated argument ran")
+  return "ran"
+
+
+@given(sharing_programs())
+@budget(12)
+def test_donation_is_refused_exactly_when_a_donated_buffer_is_shared(program):
+  """Refused exactly when a donated buffer is reachable from another argument
+  (a GDA one of the two); otherwise the result of fresh copies."""
+  isolated("test_fuzz_sharing:run_sharing_program", program)
