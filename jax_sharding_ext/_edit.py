@@ -66,6 +66,14 @@ def replaced_error(what: str) -> RuntimeError:
       "after jax_sharding_ext installed it. Uninstall the other extension first.")
 
 
+def uninstalled_error(value: str) -> RuntimeError:
+  """The error of handing `value` (a description) to JAX while uninstalled."""
+  return RuntimeError(
+      f"{value} cannot be passed to JAX: jax_sharding_ext is uninstalled, so JAX "
+      "no longer knows `GlobalDeviceArray`. Call `jax_sharding_ext.install()` to "
+      "use GDAs again, or pass `gda.to_jax_array()`.")
+
+
 class InstallState:
   """Whether `jax_sharding_ext` is installed: the one answer every handler reads."""
 

@@ -85,9 +85,13 @@ def uninstall() -> None:
     with _no_other_thread_reading_tables("uninstall()"):
       for edit in EDITS:  # refuse before changing anything
         edit.check_revert()
+      # Uninstalled before the first table changes, as installed only after
+      # the last: a call that meets a half-swapped table on another thread
+      # (its Python path reads tables outside the lock) gets the package's
+      # "uninstalled" error from the handlers that read `STATE`.
+      STATE.installed = False
       for edit in reversed(EDITS):
         edit.revert()
-      STATE.installed = False
     _drop_cached_executables()
 
 

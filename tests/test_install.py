@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import numpy as np
@@ -211,3 +212,38 @@ def test_uninstall_while_a_host_callback_compiles_on_a_helper_thread(fresh_regis
   assert not t.is_alive() and not errors, errors
   assert out == [1.0] and time.monotonic() - start < 10
   assert jax_sharding_ext.is_installed()
+
+
+def test_a_call_lowered_installed_and_run_uninstalled_raises_the_uninstalled_error(
+    mesh_2d, fresh_registry):
+  """`uninstall()` waits for a lowering in flight, then swaps while that
+  call compiles: the call then runs against the uninstalled tables and gets
+  the package's error, not jit's generic "not a valid JAX type"."""
+  import time
+
+  from jax.extend.core import Primitive
+  data = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x", "y"), lambda i: data[i])
+  lowering = threading.Event()
+  slow = Primitive("slow_to_lower")
+  slow.def_abstract_eval(lambda aval: aval)
+
+  def rule(ctx, x):
+    lowering.set()
+    time.sleep(0.3)
+    return [x]
+  mlir.register_lowering(slow, rule)
+  box: dict = {}
+
+  def call():
+    try:
+      box["out"] = jax.jit(lambda v: slow.bind(v) * 2)(gda)
+    except Exception as e:
+      box["err"] = e
+  t = threading.Thread(target=call)
+  t.start()
+  lowering.wait(30)
+  jax_sharding_ext.uninstall()
+  t.join(60)
+  assert isinstance(box.get("err"), RuntimeError), box
+  assert "jax_sharding_ext is uninstalled" in str(box["err"])

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from jax_sharding_ext._edit import STATE, Edit, replaced_error
+from jax_sharding_ext._edit import STATE, Edit, replaced_error, uninstalled_error
 from jax_sharding_ext._jax import UnsupportedJaxVersionError
 
 # All private imports below. If one of them fails, the version check above
@@ -47,7 +47,6 @@ MISSING = object()
 ArrayImpl = _array.ArrayImpl
 """The concrete `jax.Array` class (not subclassable: it is a C++ type)."""
 
-InvalidInputException = _dtypes.InvalidInputException
 
 # ---------------------------------------------------------------------------
 # Reversible table edits.
@@ -198,7 +197,7 @@ def is_plain_dtype(dtype) -> bool:
 # entry; `dtypes.canonicalize_value_handlers` is a write-only shim, so it is
 # never read here. To keep `uninstall()` honest, the handler registered reads
 # the install state: installed, it is the identity; uninstalled, it raises the
-# same `InvalidInputException` stock JAX raises for an unknown type.
+# package's "uninstalled" error.
 # ---------------------------------------------------------------------------
 
 
@@ -206,8 +205,8 @@ class RegisterOnceEdit(Edit):
   """An entry in a JAX registry that has no way to remove one.
 
   The entry is registered the first time it is applied and stays; its
-  handler reads `STATE.installed`, so after `uninstall()` it behaves as stock
-  JAX does for an unregistered type even though the registration remains.
+  handler reads `STATE.installed`, so after `uninstall()` it refuses the type
+  (or acts as stock JAX does for it) even though the registration remains.
   """
 
   _registered: set[type]
@@ -231,11 +230,13 @@ class RegisterOnceEdit(Edit):
 
 
 def _canonicalize_switch(x):
+  # Uninstalled: the package's RuntimeError, as `__jax_array__` raises it.
+  # Not stock's `InvalidInputException`: jit turns that into a TypeError
+  # saying the type is not a valid JAX type, which is what a call racing
+  # `uninstall()` would then show (traced installed, run uninstalled).
   if STATE.installed:
     return x
-  raise InvalidInputException(
-      f"Argument '{x}' of type {type(x)} is not a valid JAX type. "
-      "(jax_sharding_ext is uninstalled; call `jax_sharding_ext.install()`.)")
+  raise uninstalled_error(str(x))
 
 
 class CanonicalizeEdit(RegisterOnceEdit):

@@ -1,0 +1,154 @@
+"""Fuzzer: `install()` / `uninstall()` racing calls on other threads.
+
+A race (`strategies.InstallRace`) starts worker threads that each repeat a
+few uses of a GDA (a new `jax.jit`, a warm one, `jax.numpy`, `jax.grad`,
+legacy `pjit`, the output flag, an ordered print under multi-device jit,
+`jax.device_put`, a fetch, a checkpoint save and restore) while the main
+thread uninstalls and reinstalls the package at drawn intervals.
+
+The model: each call either runs as installed (the right value) or raises
+the documented error of an uninstalled package (`RuntimeError` "...
+jax_sharding_ext is uninstalled"; for an ordered print, stock's `ValueError`
+for ordered effects on several devices); once the race is over and the
+package installed, every use works again. Races run in the suite's child
+process, so a crash or a hang is a failure naming the race.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+
+import pytest
+from _fuzz import budget, isolated
+from hypothesis import given
+from strategies import InstallRace, install_races
+
+pytestmark = pytest.mark.fuzz
+
+_UNINSTALLED = "jax_sharding_ext is uninstalled"
+_STOCK_ORDERED = "not supported for more than 1 device"
+
+
+def _uses(tmp: str):
+  """`{name: (call, expected host value or None)}` over one 8-device GDA."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import jax_sharding_ext as jse
+  from jax_sharding_ext import GlobalDeviceArray, pjit, serialization
+
+  mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+  data = np.arange(16, dtype=np.float32).reshape(8, 2)
+  g = GlobalDeviceArray.from_callback((8, 2), mesh, P("x", "y"), lambda i: data[i])
+  warm = jax.jit(lambda v: v * 3)
+  counter = iter(range(1, 10**9))
+  saves = iter(range(10**9))
+
+  def new_jit():
+    k = next(counter)
+    return jax.jit(lambda v: v * 2 + k)(g), data * 2 + k
+
+  def ordered_print():
+    k = next(counter)
+
+    def f(v):
+      jax.debug.print("step {k} {s}", k=k, s=v.sum(), ordered=True)
+      return v + k
+    return jax.jit(f)(g), data + k
+
+  def output_flag():
+    with jse.parallel_functions_output_gda(True):
+      out = jax.jit(lambda v: v - 1)(g)
+    return out, data - 1
+
+  def checkpoint():
+    path = f"{tmp}/ckpt_{next(saves)}"
+    spec = serialization.get_tensorstore_spec(path)
+    serialization.run_serialization([g], [spec])
+    out, = serialization.run_deserialization([mesh], [P("x", "y")], [spec])
+    return out, data
+
+  return {
+      "new_jit": new_jit,
+      "warm_jit": lambda: (warm(g), data * 3),
+      "jnp": lambda: (jnp.sin(g), np.sin(data)),
+      "grad": lambda: (jax.grad(lambda v: (v ** 2).sum())(g), 2 * data),
+      "pjit": lambda: (pjit(lambda v: v + 1)(g), data + 1),
+      "output_flag": output_flag,
+      "ordered_print": ordered_print,
+      "device_put": lambda: (jax.device_put(g, NamedSharding(mesh, P("x"))), data),
+      "fetch": lambda: (np.asarray(g), data),
+      "checkpoint": checkpoint,
+  }
+
+
+def run_install_race(race: InstallRace) -> dict:
+  """Run `race` and check the model (module docstring); return the outcomes."""
+  import jax
+  import numpy as np
+
+  import jax_sharding_ext as jse
+  outcomes: dict[str, int] = {}
+  bad: list[str] = []
+  with tempfile.TemporaryDirectory() as tmp:
+    uses = _uses(tmp)
+    stop = threading.Event()
+
+    def worker(names):
+      i = 0
+      while not stop.is_set():
+        name = names[i % len(names)]
+        i += 1
+        try:
+          out, expected = uses[name]()
+          np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6)
+          kind = "ran"
+        except RuntimeError as e:
+          if _UNINSTALLED not in str(e):
+            bad.append(f"{name}: {e!r}"[:600])
+          kind = "uninstalled"
+        except ValueError as e:
+          if not (name == "ordered_print" and _STOCK_ORDERED in str(e)):
+            bad.append(f"{name}: {e!r}"[:600])
+          kind = "stock"
+        except Exception as e:
+          bad.append(f"{name}: {e!r}"[:600])
+          kind = "bad"
+        outcomes[f"{name} {kind}"] = outcomes.get(f"{name} {kind}", 0) + 1
+
+    threads = [threading.Thread(target=worker, args=(names,)) for names in race.workers]
+    for t in threads:
+      t.start()
+    try:
+      for pause in race.pauses:
+        time.sleep(pause)
+        if jse.is_installed():
+          jse.uninstall()
+        else:
+          jse.install()
+    finally:
+      jse.install()
+      time.sleep(0.05)
+      stop.set()
+      for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a worker never returned"
+    jax.effects_barrier()
+    assert not bad, f"{len(bad)} calls failed otherwise than the model allows:\n" + \
+        "\n".join(bad[:5])
+    for name, use in uses.items():  # installed again: every use works
+      out, expected = use()
+      np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6, err_msg=name)
+  return outcomes
+
+
+@given(install_races())
+@budget(4)
+def test_calls_racing_install_run_installed_or_raise_the_documented_error(race):
+  """Each call runs as installed or raises the documented 'uninstalled' error."""
+  isolated("test_fuzz_install:run_install_race", race, timeout=180)
