@@ -307,7 +307,7 @@ def run_sharing_program(p: SharingProgram) -> str:
 
 
 @given(sharing_programs())
-@budget(12)
+@budget(40)
 def test_donation_is_refused_exactly_when_a_donated_buffer_is_shared(program):
   """Refused exactly when a donated buffer is reachable from another argument
   (a GDA one of the two); otherwise the result of fresh copies."""
