@@ -142,11 +142,13 @@ arrays of the same kinds, which fills jit's cache."""
 
 @dataclasses.dataclass(frozen=True)
 class SharingProgram:
-  """Arrays made and derived, then one donating call (`test_fuzz_sharing.py`).
+  """Arrays made and derived, then donating calls (`test_fuzz_sharing.py`).
 
   `derived`: `(route, i)`, a new value made from value `i` (sources first).
-  `args`: `("leaf", i)`, `("tuple", i, j)` or `("dict", i)` per argument.
-  `donate`: per argument. `keep`: the values not passed stay alive.
+  `calls`: per call, its arguments, each `("leaf", i)`, `("tuple", i, j)` or
+  `("dict", i)`; a call's outputs join the values after it. `donate`: per
+  argument position, for every call. `keep`: the values no call passes stay
+  alive. `output_gda`: the output flag during the calls.
   """
 
   mesh: MeshSpec
@@ -155,10 +157,11 @@ class SharingProgram:
   dtype: str
   sources: tuple[str, ...]
   derived: tuple[tuple[str, int], ...]
-  args: tuple[tuple, ...]
+  calls: tuple[tuple[tuple, ...], ...]
   donate: tuple[bool, ...]
   form: str
   warm: str
+  output_gda: bool = False
   keep: bool = True
 
 
@@ -177,23 +180,31 @@ def sharing_programs(draw) -> SharingProgram:
     i = draw(st.integers(0, len(kinds) - 1))
     derived.append((route, i))
     kinds.append(SHARING_ROUTES[route][kinds[i] == "array"])
-  args = []
-  for _ in range(draw(st.integers(1, 3))):
-    kind = draw(st.sampled_from(("leaf", "leaf", "leaf", "tuple", "dict")))
-    pick = st.integers(0, len(kinds) - 1)
-    args.append((kind, draw(pick), draw(pick)) if kind == "tuple" else (kind, draw(pick)))
-  leaves = [i for _, *idx in args for i in idx]
-  if not any(kinds[i] == "gda" for i in leaves):  # a call of jax.Arrays only is stock's
-    args[0] = ("leaf", kinds.index("gda") if "gda" in kinds else 0)
-    if kinds[args[0][1]] != "gda":
-      derived.append(("from_jax_array", args[0][1]))
-      kinds.append("gda")
-      args[0] = ("leaf", len(kinds) - 1)
-  donate = tuple(draw(st.lists(st.booleans(), min_size=len(args), max_size=len(args))))
+  if "gda" not in kinds:  # a call of jax.Arrays only is stock's
+    derived.append(("from_jax_array", 0))
+    kinds.append("gda")
+  # Each argument's structure is the same at every call (an AOT `Compiled`
+  # takes only its own); later calls often pass earlier arguments again.
+  structure = draw(st.lists(st.sampled_from(("leaf", "leaf", "leaf", "tuple", "dict")),
+                            min_size=1, max_size=3))
+  pool, calls, last = len(kinds), [], []
+  for k in range(draw(st.integers(1, 3))):
+    pick = st.integers(0, pool - 1)
+    if last:
+      pick = st.one_of(st.sampled_from(last), pick)
+    args = [(kind, draw(pick), draw(pick)) if kind == "tuple" else (kind, draw(pick))
+            for kind in structure]
+    if k == 0 and not any(kinds[i] == "gda" for _, *idx in args for i in idx):
+      args[0] = (args[0][0], kinds.index("gda"), *args[0][2:])
+    calls.append(tuple(args))
+    last = [i for _, *idx in args for i in idx]
+    pool += len(last)
+  n_args = len(structure)
+  donate = tuple(draw(st.lists(st.booleans(), min_size=n_args, max_size=n_args)))
   return SharingProgram(mesh, spec, shape, draw(st.sampled_from(("float32", "int32"))),
-                        sources, tuple(derived), tuple(args), donate,
+                        sources, tuple(derived), tuple(calls), donate,
                         draw(st.sampled_from(CALL_FORMS)), draw(st.sampled_from(WARMTH)),
-                        draw(st.booleans()))
+                        draw(st.booleans()), draw(st.booleans()))
 
 
 # ---------------------------------------------------------------------------

@@ -136,11 +136,11 @@ def _build(p: SharingProgram, host) -> list:
   return values
 
 
-def _args(p: SharingProgram, leaf_values: list) -> tuple:
-  """The call's arguments: each `p.args` entry is a value or a small pytree."""
+def _args(call_args: tuple, leaf_values: list) -> tuple:
+  """A call's arguments: each entry of `call_args` is a value or a small pytree."""
   it = iter(leaf_values)
   out = []
-  for kind, *_ in p.args:
+  for kind, *_ in call_args:
     if kind == "leaf":
       out.append(next(it))
     elif kind == "tuple":
@@ -150,8 +150,8 @@ def _args(p: SharingProgram, leaf_values: list) -> tuple:
   return tuple(out)
 
 
-def _leaf_indices(p: SharingProgram) -> list[int]:
-  return [i for _, *idx in p.args for i in idx]
+def _leaf_indices(call_args: tuple) -> list[int]:
+  return [i for _, *idx in call_args for i in idx]
 
 
 def _addresses(leaf) -> frozenset:
@@ -169,7 +169,7 @@ def _function(p: SharingProgram):
   from jax.sharding import PartitionSpec
 
   from jax_sharding_ext import pjit
-  n = len(p.args)
+  n = len(p.donate)
   donate = tuple(i for i, d in enumerate(p.donate) if d)
 
   def body(*args):
@@ -187,7 +187,7 @@ def _function(p: SharingProgram):
   if p.form == "shard_map":
     mesh = p.mesh.build()
     spec = PartitionSpec(*p.spec)
-    specs = tuple(jax.tree.map(lambda _: spec, a) for a in _args(p, [0] * len(_leaf_indices(p))))
+    specs = (spec,) * n  # each a prefix of its argument's pytree
     inner = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=specs)
     return jax.jit(lambda *a: inner(*a), donate_argnums=donate)
   if p.form == "aot":
@@ -225,17 +225,14 @@ def _call(f, args, on_thread: bool):
   return box["out"]
 
 
-def run_sharing_program(p: SharingProgram) -> str:
-  """Run `p` and check the model (see the module docstring); return the outcome."""
-  import jax
-  import numpy as np
-
+def _judge(leaves: list, donated_leaf: list) -> str:
+  """What the model expects of a call: "deleted" (a donated GDA is passed),
+  "alias" (a donated buffer is shared, a GDA one of the two), "stock" (only
+  plain `jax.Array`s are at fault: stock's concern) or "run"."""
   from jax_sharding_ext import GlobalDeviceArray as GDA
-  host = (np.arange(int(np.prod(p.shape)), dtype=p.dtype).reshape(p.shape) % 97)
-  values = _build(p, host)
-  leaves_idx = _leaf_indices(p)
-  leaves = [values[i] for i in leaves_idx]
-  donated_leaf = [d for (kind, *idx), d in zip(p.args, p.donate, strict=True) for _ in idx]
+  if any(leaf.is_deleted() for leaf in leaves):
+    return ("deleted" if any(leaf.is_deleted() and isinstance(leaf, GDA) for leaf in leaves)
+            else "stock")
   where = [_addresses(leaf) for leaf in leaves]
   alias = stock_only = False
   for i, d in enumerate(donated_leaf):
@@ -245,70 +242,93 @@ def run_sharing_program(p: SharingProgram) -> str:
           alias = True
         else:
           stock_only = True
-  if stock_only and not alias:
-    return "stock's concern"
+  return "alias" if alias else "stock" if stock_only else "run"
+
+
+def run_sharing_program(p: SharingProgram) -> list[str]:
+  """Run `p` and check the model (see the module docstring) at every call;
+  return each call's outcome."""
+  import jax
+  import numpy as np
+
+  import jax_sharding_ext as jse
+  from jax_sharding_ext import GlobalDeviceArray as GDA
+  host = (np.arange(int(np.prod(p.shape)), dtype=p.dtype).reshape(p.shape) % 97)
+  pool = _build(p, host)
   # Every route keeps the value. (Fetching it here would keep a host view of
   # the buffers on CPU, which stops XLA from reusing a donated one.)
-  before = host
-
-  # The reference: the same call on fresh jax.Array copies.
-  fresh = [jax.device_put(host, leaf.sharding) if leaf.committed else jax.device_put(host)
-           for leaf in leaves]
-  try:
-    expected = jax.tree.leaves(_function(p)(*_args(p, fresh)))
-    expected_error = None
-  except Exception as e:
-    expected, expected_error = None, type(e)
-
-  f = _function(p)
+  hosts = [host] * len(pool)
+  if not p.keep:  # the values no call passes die now
+    used = {i for call_args in p.calls for i in _leaf_indices(call_args)}
+    pool = [v if i in used else None for i, v in enumerate(pool)]
+  f, reference = _function(p), _function(p)
   if p.warm != "cold":  # a first call with independent arrays of the same kinds
-    copies = [_build(p, host) for _ in leaves_idx]  # all alive, as in the real call
+    idx = _leaf_indices(p.calls[0])
+    copies = [_build(p, host) for _ in idx]  # all alive, as in the real call
     try:
-      _call(f, _args(p, [c[i] for c, i in zip(copies, leaves_idx, strict=True)]),
+      _call(f, _args(p.calls[0], [c[i] for c, i in zip(copies, idx, strict=True)]),
             on_thread=p.warm == "warm_thread")
     except Exception:
       pass
     del copies
-  args = _args(p, leaves)
-  if not p.keep:
-    del values
-  try:
-    out = jax.tree.leaves(f(*args))
-    error = None
-  except Exception as e:
-    out, error = None, e
-  if alias:
-    assert isinstance(error, RuntimeError) and "Cannot donate" in str(error), (
-        f"a donated buffer is shared with another argument, but the call gave {error!r}")
-    for leaf in leaves:
-      assert not leaf.is_deleted(), "a refused call deleted an argument"
-      np.testing.assert_array_equal(np.asarray(leaf), before)
-    return "refused"
-  if expected_error is not None:
-    assert error is not None and isinstance(error, expected_error), (
-        f"on fresh copies the call raises {expected_error.__name__}; here: {error!r}")
-    return "stock's error"
-  assert error is None, f"the call shares no donated buffer, but raised {error!r}"
-  assert out is not None and expected is not None
-  for o, e in zip(out, expected, strict=True):
-    np.testing.assert_array_equal(np.asarray(o), np.asarray(e))
-  deleted = [leaf.is_deleted() for leaf in leaves]
-  assert deleted == [x.is_deleted() for x in fresh], (
-      f"deleted after the call: {deleted}; the fresh copies: "
-      f"{[x.is_deleted() for x in fresh]}")
-  if any(d and isinstance(leaf, GDA) for d, leaf in zip(deleted, leaves, strict=True)):
-    try:  # calling again with a donated GDA: the package's clear error
-      f(*args)
-    except RuntimeError as e:
-      assert "deleted" in str(e), e
-    else:
-      raise AssertionError("a call with an already donated argument ran")
-  return "ran"
+  outcomes = []
+  for call_args in p.calls:
+    idx = _leaf_indices(call_args)
+    if max(idx) >= len(pool) or any(pool[i] is None for i in idx):
+      break  # an output of a call that did not run
+    leaves = [pool[i] for i in idx]
+    if not any(isinstance(leaf, GDA) for leaf in leaves):
+      break  # a call of plain jax.Arrays is stock's
+    donated_leaf = [d for (_, *ix), d in zip(call_args, p.donate, strict=True) for _ in ix]
+    verdict = _judge(leaves, donated_leaf)
+    if verdict == "stock":
+      break
+    was_deleted = [leaf.is_deleted() for leaf in leaves]
+    fresh = [jax.device_put(hosts[i], leaf.sharding) if leaf.committed
+             else jax.device_put(hosts[i]) for i, leaf in zip(idx, leaves, strict=True)]
+    try:
+      expected = jax.tree.leaves(reference(*_args(call_args, fresh)))
+      expected_error = None
+    except Exception as e:
+      expected, expected_error = None, type(e)
+    try:
+      with jse.parallel_functions_output_gda(p.output_gda):
+        out = jax.tree.leaves(f(*_args(call_args, leaves)))
+      error = None
+    except Exception as e:
+      out, error = None, e
+    outcomes.append(verdict)
+    if verdict in ("alias", "deleted"):
+      want = "Cannot donate" if verdict == "alias" else "deleted"
+      assert isinstance(error, RuntimeError) and want in str(error), (
+          f"call {len(outcomes)}: expected the package's error ({want!r}), got {error!r}")
+      for i, leaf, gone in zip(idx, leaves, was_deleted, strict=True):
+        if not gone:
+          assert not leaf.is_deleted(), "a refused call deleted an argument"
+          np.testing.assert_array_equal(np.asarray(leaf), hosts[i])
+      break  # its outputs do not exist
+    if expected_error is not None:
+      assert isinstance(error, expected_error), (
+          f"call {len(outcomes)}: on fresh copies it raises {expected_error.__name__}; "
+          f"here: {error!r}")
+      break
+    assert error is None, f"call {len(outcomes)} shares no donated buffer, but raised {error!r}"
+    assert out is not None and expected is not None
+    for o, e in zip(out, expected, strict=True):
+      np.testing.assert_array_equal(np.asarray(o), np.asarray(e))
+    deleted = [leaf.is_deleted() for leaf in leaves]
+    assert deleted == [x.is_deleted() for x in fresh], (
+        f"call {len(outcomes)}: deleted after the call: {deleted}; the fresh copies: "
+        f"{[x.is_deleted() for x in fresh]}")
+    pool.extend(out)
+    hosts.extend(np.asarray(e) for e in expected)
+  return outcomes
 
 
 @given(sharing_programs())
 @budget(40)
 def test_donation_is_refused_exactly_when_a_donated_buffer_is_shared(program):
   """Refused exactly when a donated buffer is reachable from another argument
-  (a GDA one of the two); otherwise the result of fresh copies."""
+  (a GDA one of the two) or already donated; otherwise the result of fresh
+  copies."""
   isolated("test_fuzz_sharing:run_sharing_program", program)
