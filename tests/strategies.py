@@ -130,6 +130,8 @@ SHARING_ROUTES = {
     "copy": ("array", "array"),
     "gda_over_shards": ("gda", "gda"),
     "stock_over_shards": ("array", "array"),
+    "callback_arrays": ("gda", "gda"),
+    "batched_callback_arrays": ("gda", "gda"),
     "callback_with_devices": ("gda", "gda"),
 }
 """Every route from one array to another that may share its buffers."""

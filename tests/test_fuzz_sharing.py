@@ -102,6 +102,14 @@ def _route(route: str, v: Any, base) -> Any:
     return GDA(v.shape, s.mesh, s.spec, shards)
   if route == "stock_over_shards":
     return jax.make_array_from_single_device_arrays(v.shape, s, shards)
+  if route == "callback_arrays":  # the shard of v at each index (some maybe on another device)
+    def key(idx):
+      return tuple(sl.indices(n) for sl, n in zip(idx, v.shape, strict=True))
+    by_index = {key(sh.index): sh.data
+                for sh in (v.local_shards if gda else v.addressable_shards)}
+    return GDA.from_callback(v.shape, s.mesh, s.spec, lambda idx: by_index[key(idx)])
+  if route == "batched_callback_arrays":
+    return GDA.from_batched_callback(v.shape, s.mesh, s.spec, lambda indices: shards)
   if route == "callback_with_devices":
     return GDA.from_batched_callback_with_devices(v.shape, s.mesh, s.spec,
                                                   lambda entries: shards)
