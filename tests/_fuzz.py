@@ -9,7 +9,8 @@ profile: a seed printed by `make fuzz`, `JSE_FUZZ_SCALE` times the examples).
 `tests/found/test_found_<property>.py`, an ordinary test that runs the same
 target on that example; hypothesis replays the shrunk example last, so the
 file ends up holding the shrunk one. Copy it into a regression test named
-after the behaviour, then delete the file.
+after the behaviour, then delete the file. `JSE_FUZZ_LOG=path` also appends
+every failing example to `path`.
 """
 
 from __future__ import annotations
@@ -67,11 +68,20 @@ def save_found(target: str, example: Any) -> pathlib.Path:
   return path
 
 
+LOG = os.environ.get("JSE_FUZZ_LOG")
+"""A file to append every failing example to (one line each, with the last
+line of its error), to see every defect a run meets, not only the shrunk one."""
+
+
 def isolated(target: str, example: Any, timeout: float = 120.0) -> Any:
   """Run `target(example)` in the child; under `make fuzz` save a failure."""
   try:
     return _isolated.run(target, example, timeout)
-  except AssertionError:
+  except AssertionError as e:
     if FUZZ:
       save_found(target, example)
+    if LOG:
+      last = [line for line in str(e).splitlines() if line.strip()][-1]
+      with open(LOG, "a") as f:
+        f.write(f"{example!r}\t{type(e).__name__}: {last[:300]}\n")
     raise
