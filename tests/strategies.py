@@ -214,7 +214,8 @@ def sharing_programs(draw) -> SharingProgram:
 # ---------------------------------------------------------------------------
 
 RACING_USES = ("new_jit", "warm_jit", "jnp", "grad", "pjit", "output_flag", "ordered_print",
-               "device_put", "fetch", "checkpoint")
+               "device_put", "fetch", "checkpoint", "shard_map_print", "sharded_callback",
+               "ledger")
 """The uses of a GDA a worker thread repeats while the package is swapped."""
 
 

@@ -2,15 +2,16 @@
 
 A race (`strategies.InstallRace`) starts worker threads that each repeat a
 few uses of a GDA (a new `jax.jit`, a warm one, `jax.numpy`, `jax.grad`,
-legacy `pjit`, the output flag, an ordered print under multi-device jit,
-`jax.device_put`, a fetch, a checkpoint save and restore) while the main
+legacy `pjit`, the output flag, an ordered print under multi-device jit and
+inside `shard_map`, `sharded_callback`, `jax.device_put` in a ledger, a
+fetch, a checkpoint save and restore) while the main
 thread uninstalls and reinstalls the package at drawn intervals.
 
 The model: each call either runs as installed (the right value) or raises
-the documented error of an uninstalled package (`RuntimeError` "...
-jax_sharding_ext is uninstalled"; for an ordered print, stock's `ValueError`
-for ordered effects on several devices); once the race is over and the
-package installed, every use works again. Races run in the suite's child
+the documented error of an uninstalled package (a `RuntimeError` that says
+to call `jax_sharding_ext.install()`; for an ordered print, stock's
+`ValueError` for ordered effects on several devices); once the race is over
+and the package installed, every use works again. Races run in the suite's child
 process, so a crash or a hang is a failure naming the race.
 """
 
@@ -27,7 +28,7 @@ from strategies import InstallRace, install_races
 
 pytestmark = pytest.mark.fuzz
 
-_UNINSTALLED = "jax_sharding_ext is uninstalled"
+_UNINSTALLED = "jax_sharding_ext.install()"  # every "uninstalled" error says what to do
 _STOCK_ORDERED = "not supported for more than 1 device"
 
 
@@ -61,6 +62,34 @@ def _uses(tmp: str):
       return v + k
     return jax.jit(f)(g), data + k
 
+  def in_shard_map():
+    k = next(counter)
+
+    def body(v):
+      jax.debug.print("shard {s}", s=v.sum(), ordered=True)
+      return v * k
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y"))
+    return jax.jit(f)(g), data * k
+
+  def callback_per_shard():
+    seen = []
+
+    @jax.jit
+    def f(v):
+      jse.sharded_callback(lambda d, i, dev: seen.append(d.sum()), v)
+      return v + 2
+    out = f(g)
+    jse.effects_barrier()
+    assert sorted(seen) == sorted(float(data[i].sum()) for i in
+                                  (s.index for s in g.addressable_shards)), seen
+    return out, data + 2
+
+  def ledger():
+    with jse.transfer_ledger() as led:
+      out = jax.device_put(g, NamedSharding(mesh, P("y")))
+    assert [r.direction for r in led.records] == ["device_to_device"], led.records
+    return out, data
+
   def output_flag():
     with jse.parallel_functions_output_gda(True):
       out = jax.jit(lambda v: v - 1)(g)
@@ -84,6 +113,9 @@ def _uses(tmp: str):
       "device_put": lambda: (jax.device_put(g, NamedSharding(mesh, P("x"))), data),
       "fetch": lambda: (np.asarray(g), data),
       "checkpoint": checkpoint,
+      "shard_map_print": in_shard_map,
+      "sharded_callback": callback_per_shard,
+      "ledger": ledger,
   }
 
 
@@ -113,7 +145,7 @@ def run_install_race(race: InstallRace) -> dict:
             bad.append(f"{name}: {e!r}"[:600])
           kind = "uninstalled"
         except ValueError as e:
-          if not (name == "ordered_print" and _STOCK_ORDERED in str(e)):
+          if not (name in ("ordered_print", "shard_map_print") and _STOCK_ORDERED in str(e)):
             bad.append(f"{name}: {e!r}"[:600])
           kind = "stock"
         except Exception as e:
