@@ -33,6 +33,9 @@ FRAGILE = [
      "pxla.MeshExecutable.call (AOT executables refuse a GDA of another sharding)"),
     ("frames", "HAS_CACHE_MISS_FRAME",
      "jax._src.pjit._cpp_pjit's `cache_miss` (which jit the output flag applies to)"),
+    ("frames", "HAS_ABSTRACTIFY_CODES",
+     "jax._src.core.shaped_abstractify and typeof (a GDA met by abstractification while "
+     "uninstalled gets the package's error)"),
     ("readers", "HAS_READERS",
      "pxla.lower_sharding_computation and pxla.ExecuteReplicated.__call__ (install() / "
      "uninstall() wait for other threads' lowerings)"),

@@ -247,3 +247,19 @@ def test_a_call_lowered_installed_and_run_uninstalled_raises_the_uninstalled_err
   t.join(60)
   assert isinstance(box.get("err"), RuntimeError), box
   assert "jax_sharding_ext is uninstalled" in str(box["err"])
+
+
+def test_abstractification_that_missed_the_table_gets_the_uninstalled_error(mesh_2d):
+  """JAX reads `__jax_array__` only after its aval table did not know the
+  type: the table was read while uninstalled, even if a racing `install()`
+  finished since. That is the package's "uninstalled" error, not stock's
+  ValueError about `__jax_array__`."""
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x"), lambda i: np.ones((2, 2)))
+  entry = core.pytype_aval_mappings.pop(GlobalDeviceArray)
+  try:
+    for read in (core.shaped_abstractify, core.typeof):
+      with pytest.raises(RuntimeError, match="jax_sharding_ext is uninstalled"):
+        read(gda)
+  finally:
+    core.pytype_aval_mappings[GlobalDeviceArray] = entry
+  assert jax.numpy.asarray(gda).shape == (8, 2)  # `__jax_array__` elsewhere still works

@@ -32,6 +32,7 @@ from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, layout, o
 from jax_sharding_ext._array.surface import _ArraySurface
 from jax_sharding_ext._edit import STATE, uninstalled_error
 from jax_sharding_ext._jax import buffers as jax_buffers
+from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._transfers import moves
@@ -165,7 +166,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     # than stock's ValueError about `__jax_array__`). A RuntimeError, not a
     # TypeError: `jax.jit` replaces any TypeError from reading an argument's
     # type with its generic "Error interpreting argument" text.
-    if not STATE.installed:
+    if not STATE.installed or jax_frames.asked_by_abstractification():
       raise uninstalled_error(str(self))
     return self._jax_array
 

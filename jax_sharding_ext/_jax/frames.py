@@ -4,7 +4,7 @@ executable's call, or compiling which jitted function? And the one question
 about the user's frames: where is the user's call that made a transfer?
 
 Touches the code objects of `jax._src.callback.emit_python_callback`'s
-nested functions, `jax._src.pmap._cached_shard_map`'s `_fun`,
+nested functions, `core.shaped_abstractify` and `core.typeof`, `jax._src.pmap._cached_shard_map`'s `_fun`,
 `pxla.MeshExecutable.call` and `jax._src.pjit._cpp_pjit`'s `cache_miss`.
 Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
 
@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import jax
 import jaxlib
 from jax._src import callback as _callback
+from jax._src import core as _core
 from jax._src import pjit as _pjit
 from jax._src import pmap as _pmap
 from jax._src.interpreters import pxla as _pxla
@@ -114,6 +115,26 @@ def traced_inside_pmap(ctx) -> bool:
     return False
   codes, _ = tb.raw_frames()
   return any(c in _PMAP_BODY_CODES for c in codes)
+
+
+# --- abstractification that does not know a type ------------------------------
+# `core.shaped_abstractify` and `core.typeof` read `x.__jax_array__` only after
+# `pytype_aval_mappings` failed to know `type(x)`, and then raise stock's
+# ValueError about `__jax_array__`. For a GDA that means the package was
+# uninstalled when the table was read, even if a racing `install()` has
+# finished since: the GDA's `__jax_array__` then raises the package's
+# "uninstalled" error instead (`_array/gda.py`).
+
+_ABSTRACTIFY_CODES = frozenset(c for c in (code_of(_core, "shaped_abstractify"),
+                                           code_of(_core, "typeof")) if c is not None)
+HAS_ABSTRACTIFY_CODES = len(_ABSTRACTIFY_CODES) == 2
+"""True when `core.shaped_abstractify` and `core.typeof` were found."""
+
+
+def asked_by_abstractification(depth: int = 2) -> bool:
+  """True when the caller `depth` frames up is JAX abstractifying a value
+  whose type its tables did not know."""
+  return sys._getframe(depth).f_code in _ABSTRACTIFY_CODES
 
 
 # --- output flag: which jit is being compiled --------------------------------
