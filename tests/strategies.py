@@ -136,6 +136,10 @@ SHARING_ROUTES = {
 }
 """Every route from one array to another that may share its buffers."""
 
+_ROUTE_DRAW = tuple(sorted(SHARING_ROUTES)) + (
+    "to_jax_array", "device_put_equivalent", "from_jax_array", "jnp_asarray")
+"""Routes as drawn: the conversions users chain most, twice as often."""
+
 CALL_FORMS = ("argnums", "argnames", "pjit", "aot", "shard_map")
 WARMTH = ("cold", "warm", "warm_thread")
 """Cold, or after a first call (on this thread or another) with independent
@@ -178,8 +182,8 @@ def sharing_programs(draw) -> SharingProgram:
   kinds = ["array" if s == "array" else "gda" for s in sources]
   derived = []
   for _ in range(draw(st.integers(0, 4))):
-    route = draw(st.sampled_from(sorted(SHARING_ROUTES)))
-    i = draw(st.integers(0, len(kinds) - 1))
+    route = draw(st.sampled_from(_ROUTE_DRAW))
+    i = draw(st.one_of(st.just(len(kinds) - 1), st.integers(0, len(kinds) - 1)))  # often a chain
     derived.append((route, i))
     kinds.append(SHARING_ROUTES[route][kinds[i] == "array"])
   if "gda" not in kinds:  # a call of jax.Arrays only is stock's
@@ -189,13 +193,22 @@ def sharing_programs(draw) -> SharingProgram:
   # takes only its own); later calls often pass earlier arguments again.
   structure = draw(st.lists(st.sampled_from(("leaf", "leaf", "leaf", "tuple", "dict")),
                             min_size=1, max_size=3))
+  # Values made from one another are drawn together often: that is where
+  # buffers are shared.
+  family = {i: {i} for i in range(len(kinds))}
+  for n, (_, i) in enumerate(derived, start=len(sources)):
+    family[i] |= family[n]
+    for j in family[i]:
+      family[j] = family[i]
   pool, calls, last = len(kinds), [], []
   for k in range(draw(st.integers(1, 3))):
-    pick = st.integers(0, pool - 1)
-    if last:
-      pick = st.one_of(st.sampled_from(last), pick)
-    args = [(kind, draw(pick), draw(pick)) if kind == "tuple" else (kind, draw(pick))
-            for kind in structure]
+    anywhere = st.integers(0, pool - 1)
+    first = draw(st.one_of(st.sampled_from(last), anywhere) if last else anywhere)
+    pick = st.one_of(st.sampled_from(sorted(family.get(first, {first}))), anywhere)
+    args = []
+    for kind in structure:
+      idx = [first if not args and not j else draw(pick) for j in range(1 + (kind == "tuple"))]
+      args.append((kind, *idx))
     if k == 0 and not any(kinds[i] == "gda" for _, *idx in args for i in idx):
       args[0] = (args[0][0], kinds.index("gda"), *args[0][2:])
     calls.append(tuple(args))

@@ -334,7 +334,7 @@ def run_sharing_program(p: SharingProgram) -> list[str]:
 
 
 @given(sharing_programs())
-@budget(40)
+@budget(60)
 def test_donation_is_refused_exactly_when_a_donated_buffer_is_shared(program):
   """Refused exactly when a donated buffer is reachable from another argument
   (a GDA one of the two) or already donated; otherwise the result of fresh
