@@ -195,6 +195,43 @@ def test_a_gda_is_refused_next_to_a_stock_array_made_from_its_view(warm):
                        warm) == "refused"
 
 
+def use_after_a_sharer_is_gone(case: str) -> str:
+  """Child side: GDA `h` holds one buffer of GDA `g` (a callback returned it
+  for both devices of a replicated spec); one of them is donated or deleted,
+  then the other is used, warm. Returns what `is_deleted()` said and how the
+  use ended."""
+  from jax.sharding import Mesh
+  mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+  data = np.arange(4, dtype=np.float32)
+  f = jax.jit(lambda a: a * 2 + 1, donate_argnums=0)
+  g = GlobalDeviceArray.from_callback((4,), mesh, P(), lambda i: data[i])
+  f(GlobalDeviceArray.from_callback((4,), mesh, P(), lambda i: data[i]))  # warm
+  last = g.local_shards[1].data
+  h = GlobalDeviceArray.from_callback((4,), mesh, P(), lambda i: last)
+  del last
+  gone, used = (h, g) if case.startswith("h") else (g, h)
+  if case.endswith("donated"):
+    f(gone)
+  else:
+    gone.delete()
+  deleted = used.is_deleted()
+  try:
+    f(used)
+  except RuntimeError as e:
+    assert "deleted" in str(e), e
+    return f"is_deleted={deleted}, refused"
+  return f"is_deleted={deleted}, ran"
+
+
+@pytest.mark.parametrize("case", ["h donated", "h deleted", "g donated", "g deleted"])
+def test_a_gda_whose_buffer_another_array_freed_is_deleted(case):
+  """Donating or deleting an array frees its buffers under every array over
+  them: a GDA with one of them says it is deleted and refuses to be used
+  (stock jaxlib crashes on such an array on several devices)."""
+  assert _isolated.run("test_shared_buffers:use_after_a_sharer_is_gone",
+                       case) == "is_deleted=True, refused"
+
+
 def _gda(mesh, data=None):
   data = np.arange(64, dtype=np.float32).reshape(8, 8) if data is None else data
   return GlobalDeviceArray.from_callback(data.shape, mesh, XY, lambda i: data[i]), data

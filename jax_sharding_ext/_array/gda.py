@@ -177,7 +177,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
   def _checked_array(self, action: str) -> jax.Array:
     arr = self._arr
-    if arr.is_deleted():
+    if arr.is_deleted() or (self._shared and jax_buffers.shard_deleted(arr)):
       raise RuntimeError(
           f"GlobalDeviceArray has been deleted. Cannot {action}: this "
           f"GlobalDeviceArray (shape={self.shape}, dtype={self.dtype}) has been "
@@ -399,7 +399,10 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     self._local_shards = None
 
   def is_deleted(self) -> bool:
-    return self._arr.is_deleted()
+    """True once deleted or donated, also through another array over one of
+    its buffers (a shared GDA, `family.py`)."""
+    arr = self._arr
+    return arr.is_deleted() or (self._shared and jax_buffers.shard_deleted(arr))
 
   def devices(self) -> set:
     return self._arr.devices()
@@ -446,7 +449,7 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
   def _deleted_note(self) -> str:
     # Stock `jax.Array` raises in repr once deleted; a notebook must still be
     # able to display a donated GDA, so it says so instead.
-    return ", deleted=True" if self._arr.is_deleted() else ""
+    return ", deleted=True" if self.is_deleted() else ""
 
   def __reduce__(self):
     """Pickle by value, as stock does for a sharded `jax.Array`.

@@ -69,6 +69,22 @@ def single_device_arrays(arr: Any) -> list[Any]:
     return list(arr._arrays)
 
 
+def shard_deleted(arr: Any) -> bool:
+  """Whether `arr` or one of its single-device arrays is deleted.
+
+  Another array over one of `arr`'s buffers, donated or deleted, frees that
+  buffer under `arr` too; jaxlib's `arr.is_deleted()` does not look at every
+  shard (jax 0.10.2 and 0.12.x), and a computation given such an array
+  crashes the process on several devices.
+  """
+  if arr.is_deleted():
+    return True
+  try:
+    return any(a.is_deleted() for a in single_device_arrays(arr))
+  except Exception:  # e.g. the cache cannot be built: the array is gone
+    return True
+
+
 _HAS_CLONE = hasattr(ArrayImpl, "clone")
 
 

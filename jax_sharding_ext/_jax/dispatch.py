@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from jax_sharding_ext._edit import STATE
+from jax_sharding_ext._jax.buffers import shard_deleted
 from jax_sharding_ext._jax.tables import ArrayImpl, RegisterOnceEdit
 
 # --- the registry -------------------------------------------------------------
@@ -176,14 +177,17 @@ def view_flatten(gda: Any) -> tuple[tuple[Any], Any]:
   """How jit's C++ dispatch flattens a GDA: `((its private jax.Array,), node data)`."""
   arr = gda._arr
   if _getrefcount(arr) == SOLE_OWNER_REFCOUNT and STATE.installed and not arr.is_deleted():
-    return (arr,), (_alias_key(gda) if gda._shared else None)
+    if not gda._shared:
+      return (arr,), None
+    if not shard_deleted(arr):  # another array over one of its buffers may be gone
+      return (arr,), _alias_key(gda)
   return (arr,), _slow_key(gda)
 
 
 def _slow_key(gda: Any) -> Any:
   if not STATE.installed:
     return DISPATCH_OFF  # a key no warm entry has
-  if gda._arr.is_deleted():
+  if gda._arr.is_deleted() or (gda._shared and shard_deleted(gda._arr)):
     return object()  # never cached: the Python path raises
   return _alias_key(gda)  # the private array is referenced again
 
