@@ -21,7 +21,7 @@ def test_a_saved_example_is_a_test_of_the_same_target(tmp_path, monkeypatch):
   monkeypatch.setattr(_fuzz, "FOUND", tmp_path)
   path = _fuzz.save_found("math:log", 0)
   text = path.read_text()
-  assert "EXAMPLE = 0\n" in text and "_isolated.run('math:log', EXAMPLE)" in text
+  assert "EXAMPLE = 0  # noqa: F405\n" in text and "_isolated.run('math:log', EXAMPLE)" in text
   namespace: dict = {}
   exec(compile(text, str(path), "exec"), namespace)
   with pytest.raises(_isolated.ExampleFailed, match="math domain error"):
