@@ -27,8 +27,6 @@ first when JAX changes):
   from reference counts) that decides which warm calls keep its fast path.
 - `buffers`: a second array object over the same buffers (`clone`),
   jaxlib's per-shard cache built under one lock, buffer addresses.
-- `private_names`: names in `jax._src` that GDA-era code imported (data for
-  the porting assistant).
 - `readers`: JAX's lowering and effectful execution, made to take the shared
   side of the lock `install()` / `uninstall()` swap the tables under.
 - `checkpoint`: private names of `jax.experimental.array_serialization`

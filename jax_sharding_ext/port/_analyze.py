@@ -251,7 +251,9 @@ def _star_imports(ctx: Context) -> set[int]:
     for name, use in free.items():
       symbol = f"{module}.{name}"
       fix = _rules.fix_for(symbol)
-      if fix is not None:
+      # Only names the module surely had: the ones this package provides for it
+      # (a class JAX exports elsewhere may be the name of something else here).
+      if fix is not None and fix.code.startswith("JSE1"):
         new = fix.new_name or name
         moved.setdefault(fix.targets[0], []).append(new if new == name else f"{new} as {name}")
         names.append(f"`{name}`")

@@ -1,13 +1,14 @@
 """Whether the installed JAX has a dotted name (`jax.interpreters.pxla.Mesh`).
 
-Asked of the JAX this process runs, without importing anything new: a module
-already imported is asked for its attribute (deprecated names answer through
-the module's `__getattr__`, removed ones raise `AttributeError` there); a
-submodule not imported yet exists when its file does, and what is inside it
-is not looked at. Classes are asked for their attributes; other objects (the
-config object, whose attributes come and go with its options, too) are not,
-so a name past one is taken as present. The answer is
-False only when the name is surely missing.
+Asked of the JAX this process runs: a module is asked for its attribute
+(deprecated names answer through the module's `__getattr__`, removed ones
+raise `AttributeError` there); a submodule not imported yet exists when its
+file does, and is imported to look inside it (as the code that names it
+would); when that import fails (a dependency of its own is missing), what is
+inside it is not known. Classes are asked for their attributes; other
+objects (the config object, whose attributes come and go with its options,
+too) are not, so a name past one is taken as present. The answer is False
+only when the name is surely missing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def _attr(obj: Any, name: str) -> Any:
       return _UNKNOWN
 
 
+def _import(dotted: str) -> types.ModuleType | None:
+  """The submodule `dotted` (a file of JAX's), or None when its import fails."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    try:
+      return importlib.import_module(dotted)
+    except Exception:  # its own dependencies, or anything its import runs
+      return None
+
+
 def _submodule_exists(package: types.ModuleType, dotted: str) -> bool:
   if not hasattr(package, "__path__"):
     return False
@@ -48,8 +59,7 @@ def _submodule_exists(package: types.ModuleType, dotted: str) -> bool:
 @functools.cache
 def has(dotted: str, loaded: bool = False) -> bool:
   """False when the installed JAX surely lacks `dotted`, else True. With
-  `loaded`, also False for a name inside a submodule not imported yet (its
-  import may fail on its own dependencies)."""
+  `loaded`, also False for a name inside a submodule whose import fails."""
   parts = dotted.split(".")
   if parts[0] not in ROOTS:
     return True
@@ -64,8 +74,11 @@ def has(dotted: str, loaded: bool = False) -> bool:
       if value is None:
         value = sys.modules.get(name)
       if value is None:
-        # A file: its contents are not read.
-        return not loaded and _submodule_exists(obj, name)
+        if not _submodule_exists(obj, name):
+          return False
+        value = _import(name)
+        if value is None:  # its contents cannot be known here
+          return not loaded
     elif isinstance(obj, type):
       value = _attr(obj, parts[i])
       if value is None:
@@ -76,6 +89,17 @@ def has(dotted: str, loaded: bool = False) -> bool:
       return True
     obj = value
   return True
+
+
+def value(dotted: str) -> Any:
+  """The object `dotted` names in the installed JAX (importing what it is in),
+  or None."""
+  module, _, name = dotted.rpartition(".")
+  if not has(dotted, loaded=True):
+    return None
+  parent = sys.modules.get(module) or _import(module)
+  found = _attr(parent, name) if parent is not None else None
+  return None if found is _UNKNOWN else found
 
 
 @functools.cache

@@ -56,3 +56,8 @@ def provided(module: str) -> frozenset[str]:
 def own_functions(module: str) -> frozenset[str]:
   """The public names `module` defines itself (not re-bound from stock JAX)."""
   return frozenset(n for n in _read(module)[1] if not n.startswith("_"))
+
+
+def public(module: str) -> frozenset[str]:
+  """The public module-level names of `module` (not starting with `_`)."""
+  return frozenset(n for n in _read(module)[0] if not n.startswith("_"))

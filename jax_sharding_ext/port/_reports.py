@@ -3,14 +3,17 @@
 `REPORTS` maps a symbol to its finding; a key also covers the symbol's
 members (`jax.experimental.maps` covers `jax.experimental.maps.foo`), and a key
 ending in `.*` covers only members (the module itself still exists). The
-longest matching key wins. `ARRAY_TYPES` covers the removed array classes
-wherever JAX kept them (`jax.numpy.DeviceArray`, `pxla.ShardedDeviceArray`,
-private modules alike).
+longest matching key wins. `BY_NAME` covers names wherever JAX kept them
+(the removed array classes `jax.numpy.DeviceArray`, `pxla.ShardedDeviceArray`,
+`jax.random.KeyArray`; the legacy mesh's `thread_resources`), public and
+private modules alike.
 """
 
 from __future__ import annotations
 
-from jax_sharding_ext._jax import private_names
+import dataclasses
+
+from jax_sharding_ext.port import _jaxnames
 from jax_sharding_ext.port._rules import Report
 
 _SDA = ("use `jax.Array` (a ShardedDeviceArray is `isinstance(x, jax.Array) and "
@@ -20,7 +23,12 @@ ARRAY_TYPES = {
     "_DeviceArray": Report("JSE303", "`{shown}`: `DeviceArray` was removed from JAX; use `jax.Array`"),
     "ShardedDeviceArray": Report("JSE303", "`{shown}`: `ShardedDeviceArray` was removed from JAX; "
                                  + _SDA),
+    "KeyArray": Report("JSE303", "`{shown}`: `KeyArray` was removed from JAX; use `jax.Array` "
+                       "(a key array is one)"),
 }
+"""The removed array classes: in an annotation `--write` makes them `jax.Array`
+(an annotation claims no more than that); elsewhere (`isinstance`) they are
+reported, as `jax.Array` is a wider class."""
 
 _MAPS_GONE = ("module `jax.experimental.maps` was removed from JAX (`Mesh` is `jax.sharding.Mesh`, "
               "`mesh(devices, names)` is `jax.set_mesh(jax.sharding.Mesh(devices, names))`, "
@@ -43,12 +51,6 @@ REPORTS: dict[str, Report] = {
     "jax.experimental.maps.xmap": _removed(
         "jax.experimental.maps.xmap", "`jax.shard_map` (per-device code over a `Mesh` with "
         "`in_specs` / `out_specs` PartitionSpecs)", "JSE302"),
-    "jax.random.KeyArray": _removed("jax.random.KeyArray", "`jax.Array`", "JSE303"),
-    "jax.ShapedArray": _removed(
-        "jax.ShapedArray", "`jax.ShapeDtypeStruct` (or `jax.core.ShapedArray`)", "JSE304"),
-    "jax.abstract_arrays.ShapedArray": _removed(
-        "jax.abstract_arrays.ShapedArray", "`jax.ShapeDtypeStruct` (or `jax.core.ShapedArray`)",
-        "JSE304"),
     "jax.experimental.maps": Report("JSE307", _MAPS_GONE),
     "jax.experimental.pjit.*": Report(
         "JSE307", "`{shown}`: only a deprecated `pjit` is left in `jax.experimental.pjit`; "
@@ -73,7 +75,6 @@ REPORTS: dict[str, Report] = {
     "jax.lib.xla_client": _removed("jax.lib.xla_client", "the public `jax` API"),
     "jax.lib.xla_bridge": _removed(
         "jax.lib.xla_bridge", "the public `jax` API (`jax.devices()`, `jax.process_index()`)"),
-    "jax.lib.xla_client.Device": _removed("jax.lib.xla_client.Device", "`jax.Device`"),
     "jax.abstract_arrays": _removed("jax.abstract_arrays", "`jax.core`"),
     "jax.spmd_mode": _removed(
         "jax.spmd_mode", "nothing: eager operations take arrays that span processes without "
@@ -86,10 +87,11 @@ REPORTS: dict[str, Report] = {
     "jax.experimental.maps.mesh": _removed(
         "jax.experimental.maps.mesh", "`jax.set_mesh(jax.sharding.Mesh(devices, axis_names))`",
         "JSE308"),
-    "jax.experimental.maps.thread_resources": Report("JSE308", THREAD_RESOURCES),
-    "jax.interpreters.pxla.thread_resources": Report("JSE308", THREAD_RESOURCES, gone=False),
-    private_names.THREAD_RESOURCES: Report("JSE308", THREAD_RESOURCES, gone=False),
 }
+
+BY_NAME = {**ARRAY_TYPES, "thread_resources": Report("JSE308", THREAD_RESOURCES)}
+"""Reports by the name's last part, in whichever JAX module (`gone` is asked of
+the installed JAX)."""
 
 # Options this package defines on `jax.config` (read: JSE201; set: JSE202).
 OPTIONS = {
@@ -203,8 +205,9 @@ def report_for(symbol: str) -> tuple[str, Report] | None:
   parts = symbol.split(".")
   for n in range(len(parts), 0, -1):
     prefix = ".".join(parts[:n])
-    if n > 1 and parts[0] in ("jax", "jaxlib") and parts[n - 1] in ARRAY_TYPES:
-      return prefix, ARRAY_TYPES[parts[n - 1]]
+    if n > 1 and parts[0] in _jaxnames.ROOTS and parts[n - 1] in BY_NAME:
+      gone = not _jaxnames.has(prefix)
+      return prefix, dataclasses.replace(BY_NAME[parts[n - 1]], gone=gone)
     if prefix in REPORTS:
       return prefix, REPORTS[prefix]
     if n < len(parts) and prefix + ".*" in REPORTS:

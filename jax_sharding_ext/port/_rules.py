@@ -9,20 +9,25 @@ A *symbol* is a dotted name as the code reaches it, e.g.
   today's JAX.
 - `rename_for(symbol)`: the symbol that replaces a GDA-era one wherever the
   code reaches it through a module attribute (`maps.Mesh` becomes
-  `jax.sharding.Mesh`); the longest matching prefix wins.
+  `jax.sharding.Mesh`).
 - `_reports.report_for(symbol)`: the finding for a symbol nothing replaces
   with the same meaning.
 
-Replacements follow JAX's jax.Array migration guide
-(https://docs.jax.dev/en/latest/jax_array_migration.html) and JAX's changelog.
+The replacements come from rules, in this order: this package's modules
+that stand for whole GDA-era modules (`global_device_array`,
+`serialization`, `multihost_utils`) and its legacy `pjit`; a name the
+installed JAX lacks that this package provides (`FROM_GDA`,
+`parallel_functions_output_gda`, `Mesh` imported by name); then where JAX
+moved the name (`_moves`: module moves, renamed classes, a class's public
+home in the installed JAX).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 
-from jax_sharding_ext._jax import private_names
-from jax_sharding_ext.port import _names
+from jax_sharding_ext.port import _jaxnames, _moves, _names
 
 PKG = "jax_sharding_ext"
 GDA_MODULE = "jax.experimental.global_device_array"
@@ -72,41 +77,18 @@ _NAME_FIXES = {
     "jax.experimental.pjit.with_sharding_constraint": (
         "JSE107", ("jax.lax",), "`jax.experimental.pjit.with_sharding_constraint` moved", True),
 }
-for _old in ("jax.experimental.PartitionSpec", "jax.experimental.pjit.PartitionSpec",
-             "jax.interpreters.pxla.PartitionSpec", "jax.experimental.maps.Mesh",
-             "jax.interpreters.pxla.Mesh"):
-  _name = _old.rpartition(".")[2]
-  _NAME_FIXES[_old] = ("JSE104", (PKG,), f"`{_old}` was removed from JAX (today "
-                       f"`jax.sharding.{_name}`, the same class as `{PKG}.{_name}`)", True)
-
-_TREE = ("tree_map", "tree_flatten", "tree_leaves", "tree_unflatten", "tree_structure",
-         "tree_transpose", "tree_reduce", "tree_all")
-
-# Removed or moved names and the same-meaning name today: symbol -> (code, new symbol).
-# A key also stands for its members (`jax.experimental.sharding.X`).
+# Package names that replace GDA-era JAX symbols reached through a module
+# attribute (the legacy `pjit` is still in JAX, as a deprecated stub).
 RENAMES: dict[str, tuple[str, str]] = {
-    **{f"jax.{old}": ("JSE301", f"jax.tree_util.{old}") for old in _TREE},
-    "jax.tree_multimap": ("JSE301", "jax.tree_util.tree_map"),
-    "jax.tree_util.tree_multimap": ("JSE301", "jax.tree_util.tree_map"),
     "jax.config.config": ("JSE309", "jax.config"),
-    "jax.experimental.maps.Mesh": ("JSE306", "jax.sharding.Mesh"),
-    "jax.interpreters.pxla.Mesh": ("JSE306", "jax.sharding.Mesh"),
-    "jax.experimental.PartitionSpec": ("JSE306", "jax.sharding.PartitionSpec"),
-    "jax.experimental.pjit.PartitionSpec": ("JSE306", "jax.sharding.PartitionSpec"),
-    "jax.interpreters.pxla.PartitionSpec": ("JSE306", "jax.sharding.PartitionSpec"),
-    "jax.experimental.pjit.with_sharding_constraint": (
-        "JSE306", "jax.lax.with_sharding_constraint"),
     "jax.experimental.pjit.pjit": ("JSE305", f"{PKG}.pjit"),
     "jax.experimental.pjit.FROM_GDA": ("JSE306", f"{PKG}.FROM_GDA"),
-    "jax.experimental.sharding": ("JSE307", "jax.sharding"),
-    "jax.experimental.sharding.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
-    "jax.sharding.MeshPspecSharding": ("JSE307", "jax.sharding.NamedSharding"),
-    **{old: ("JSE307", "jax.sharding.NamedSharding") for old in private_names.MESH_PSPEC_SHARDING},
-    "jax.pxla": ("JSE307", "jax.interpreters.pxla"),
-    private_names.UTIL_PROD: ("JSE307", "math.prod"),
     GDA_MODULE: ("JSE306", f"{PKG}.global_device_array"),
     SER_MODULE: ("JSE306", f"{PKG}.serialization"),
 }
+# The GDA-era modules of sharding code: a name moved out of one is JSE306.
+_GDA_ERA = ("jax.experimental.maps", "jax.experimental.pjit", "jax.interpreters.pxla",
+            "jax.experimental")
 # Modules whose attributes need the module imported by name (not imported by
 # `import jax_sharding_ext`).
 _OWN_IMPORT = (f"{PKG}.serialization", f"{PKG}.orbax_support")
@@ -135,12 +117,67 @@ def fix_for(symbol: str) -> Fix | None:
     new_module, _, new_name = new.rpartition(".")
     return Fix(code, (new_module,), f"`{symbol}` was removed from JAX (today `{new}`)",
                new_name=None if new_name == name else new_name)
-  return None
+  if module in _MODULE_FIXES or not _gone(symbol):
+    return None
+  moved = _moves.home(symbol)
+  if moved is None:
+    if name in _names.public(PKG):
+      return Fix("JSE109", (PKG,), f"`{symbol}` was removed from JAX; this package has "
+                 f"`{name}`")
+    return None
+  new = moved[1] + symbol[len(moved[0]):]
+  new_module, _, new_name = new.rpartition(".")
+  if new_name == name and _jaxnames.value(new) is _ours(name):  # JAX's class, ours too
+    return Fix("JSE104", (PKG, new_module), f"`{symbol}` was removed from JAX (today "
+               f"`{new}`, the same class as `{PKG}.{name}`)")
+  return Fix(_move_code(moved[0], new), (new_module,),
+             f"`{symbol}` was removed from JAX (today `{new}`)",
+             new_name=None if new_name == name else new_name)
+
+
+def _gone(symbol: str) -> bool:
+  return symbol.split(".")[0] in _jaxnames.ROOTS and not _jaxnames.has(symbol)
+
+
+def _ours(name: str) -> object:
+  """This package's top-level `name` (the package is imported: the tool is in it)."""
+  return getattr(sys.modules.get(PKG), name, None) if name in _names.public(PKG) else None
+
+
+def _move_code(prefix: str, new: str) -> str:
+  """The code of a name JAX moved, by what it is."""
+  if new.startswith("jax.tree_util."):
+    return "JSE301"
+  if new.rpartition(".")[2] == "ShapedArray":
+    return "JSE304"
+  gda_era = prefix.rpartition(".")[0] in _GDA_ERA and prefix not in _moves.WHOLE
+  return "JSE306" if gda_era else "JSE307"
 
 
 def rename_for(symbol: str) -> tuple[str, str, str] | None:
   """(code, the matched prefix of `symbol`, what replaces that prefix) for a
   symbol reached through a module attribute, or None."""
+  found = _package_rename(symbol)
+  if found is not None or not _gone(symbol) or any(
+      symbol.startswith(m + ".") for m in _MODULE_FIXES):
+    return found
+  moved = _moves.home(symbol)
+  if moved is None:
+    return _provided_rename(symbol)
+  return _move_code(moved[0], moved[1]), moved[0], moved[1]
+
+
+def _provided_rename(symbol: str) -> tuple[str, str, str] | None:
+  """The first missing part of `symbol`, when this package provides that name."""
+  parts = symbol.split(".")
+  prefix = ".".join(parts[:_moves.first_missing(symbol) + 1])
+  name = prefix.rpartition(".")[2]
+  if name in _names.public(PKG):
+    return "JSE109", prefix, f"{PKG}.{name}"
+  return None
+
+
+def _package_rename(symbol: str) -> tuple[str, str, str] | None:
   parts = symbol.split(".")
   for n in range(len(parts), 1, -1):
     prefix = ".".join(parts[:n])
