@@ -740,3 +740,76 @@ def test_every_code_is_documented():
   used |= {code for code, _ in TRAIN_FINDINGS}
   missing = set(_reports.CODES) - used
   assert missing == set(), f"codes no test produces: {sorted(missing)}"
+
+
+# -- a `with` is rewritten only where every value that reaches it is a `Mesh` ----
+
+WITH_HEAD = ("import contextlib\nimport jax\nimport numpy as np\nfrom jax.sharding import Mesh\n"
+             "def devices():\n  return np.asarray(jax.devices())\n")
+
+
+@pytest.mark.parametrize("body, rewritten", [
+    # A `Mesh` on one branch and something else on the other: reported, left.
+    ("def f(flag):\n  if flag:\n    cm = Mesh(devices(), ('x',))\n  else:\n"
+     "    cm = contextlib.nullcontext()\n  with cm:\n    pass\n", False),
+    ("def f(flag):\n  cm = Mesh(devices(), ('x',)) if flag else contextlib.nullcontext()\n"
+     "  with cm:\n    pass\n", False),
+    # Both branches, a loop and a later reassignment all give a `Mesh`.
+    ("def f(flag):\n  if flag:\n    m = Mesh(devices(), ('x',))\n  else:\n"
+     "    m = jax.make_mesh((len(devices()),), ('x',))\n  with m:\n    pass\n", True),
+    ("def f(n):\n  m = None\n  for i in range(n):\n    m = Mesh(devices(), ('x',))\n"
+     "  with m:\n    pass\n", False),
+    ("def f():\n  m = None\n  m = Mesh(devices(), ('x',))\n  with m:\n    pass\n", True),
+    # A parameter: by its annotation only.
+    ("def f(mesh: Mesh):\n  with mesh:\n    pass\n", True),
+    ("def f(mesh: 'jax.sharding.Mesh'):\n  with mesh:\n    pass\n", True),
+    ("def f(mesh):\n  with mesh:\n    pass\n", False),
+    # The project's own functions, by what every `return` gives.
+    ("def make():\n  return Mesh(devices(), ('x',))\ndef f():\n  mesh = make()\n"
+     "  with mesh:\n    pass\n", True),
+    ("def make(flag):\n  if flag:\n    return Mesh(devices(), ('x',))\ndef f():\n"
+     "  mesh = make(True)\n  with mesh:\n    pass\n", False),
+    ("def make() -> Mesh:\n  return build()\ndef f():\n  with make():\n    pass\n", True),
+    # `self.mesh`: every assignment of the attribute in the file.
+    ("class T:\n  def __init__(self):\n    self.mesh = Mesh(devices(), ('x',))\n"
+     "  def run(self):\n    with self.mesh:\n      pass\n", True),
+    ("class T:\n  def __init__(self, m):\n    self.mesh = m\n"
+     "  def run(self):\n    with self.mesh:\n      pass\n", False),
+    # `with m as n:` keeps the name bound to the mesh (`Mesh.__enter__` returns it).
+    ("def f():\n  with Mesh(devices(), ('x',)) as m:\n    with m:\n      pass\n", True),
+])
+def test_a_with_is_rewritten_only_where_every_value_is_a_mesh(body, rewritten):
+  source = WITH_HEAD + body
+  fixed = assert_port_invariants(source)
+  assert ("jax.set_mesh(" in fixed) == rewritten, fixed
+  found = [f for f in port.check(source) if f.code == "JSE204"]
+  assert found and all(f.fixable == rewritten for f in found), found
+
+
+def test_a_with_over_another_library_value_named_mesh_is_not_reported():
+  source = "import threading\nimport jax\nmesh = threading.Lock()\nwith mesh:\n  pass\n"
+  assert port.check(source) == [] and port.fix(source) == source
+
+
+def test_functions_of_other_files_of_the_project_are_followed(cli, tmp_path):
+  """`mesh = get_mesh(config)` where `get_mesh` is the project's own function in
+  another file (imported absolutely, relatively or as a module attribute)."""
+  pkg = tmp_path / "proj"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  (pkg / "meshes.py").write_text(
+      "import numpy as np\nimport jax\nfrom jax.experimental import maps\n"
+      "def get_mesh(config):\n  return maps.Mesh(np.asarray(jax.devices()), config)\n"
+      "def maybe_mesh(config):\n  return get_mesh(config) if config else None\n")
+  (pkg / "train.py").write_text(
+      "import jax\nfrom proj.meshes import get_mesh, maybe_mesh\nfrom . import meshes\n"
+      "def main(config):\n  mesh = get_mesh(config)\n  with mesh:\n    pass\n"
+      "  with meshes.get_mesh(config):\n    pass\n  other = maybe_mesh(config)\n"
+      "  with other:\n    pass\n")
+  status, found, out, _ = cli(pkg / "train.py")
+  assert found == [("JSE204", 6), ("JSE204", 8), ("JSE204", 11)], out
+  cli("--write", pkg)
+  text = (pkg / "train.py").read_text()
+  assert "with jax.set_mesh(mesh):" in text
+  assert "with jax.set_mesh(meshes.get_mesh(config)):" in text
+  assert "  with other:\n" in text  # `maybe_mesh` may return None

@@ -65,6 +65,7 @@ class _Run:
   out: TextIO
   err: TextIO
   ignore: Callable[[Finding], bool]
+  project: Any = None  # the files of the run (`_project.Project`), for rules across files
   files: int = 0
   errors: int = 0
   shown_findings: int = 0
@@ -90,7 +91,7 @@ class _Run:
 
 def _fix(run: _Run, text: str, shown: str) -> tuple[str, list[Finding], list[Finding]]:
   """(fixed text, findings before, findings left), or raises SyntaxError / RuntimeError."""
-  return run.engine.fix_text(text, shown)  # type: ignore[attr-defined]
+  return run.engine.fix_text(text, shown, run.project)  # type: ignore[attr-defined]
 
 
 def _python(run: _Run, shown: str, path: str, raw: bytes) -> None:
@@ -101,7 +102,7 @@ def _python(run: _Run, shown: str, path: str, raw: bytes) -> None:
     return
   text, encoding, bom = _source.decode(raw)
   if not (run.args.write or run.args.diff):
-    findings = run.engine.check_text(text, shown)  # type: ignore[attr-defined]
+    findings = run.engine.check_text(text, shown, run.project)  # type: ignore[attr-defined]
     run.fixable += sum(f.fixable and not run.ignore(f) for f in findings)
     run.report(findings)
     return
@@ -159,7 +160,7 @@ def _notebook_file(run: _Run, shown: str, path: str, raw: bytes) -> None:
   if not _mentions_jax(text.encode("utf-8")):
     return
   if not (run.args.write or run.args.diff):
-    findings = run.engine.check_text(text, shown)  # type: ignore[attr-defined]
+    findings = run.engine.check_text(text, shown, run.project)  # type: ignore[attr-defined]
     run.fixable += sum(f.fixable and not run.ignore(f) for f in findings)
     run.report(_in_cells(findings, shown, nb, text))
     return
@@ -200,7 +201,9 @@ def _one(run: _Run, shown: str, path: str) -> None:
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
   from jax_sharding_ext.port import _load_engine  # libcst: only now
   state = _Run(args, _load_engine(), out, err, _ignored(args.ignore))
-  for shown, path, _named in _files.paths(args.paths):
+  paths = list(_files.paths(args.paths))
+  state.project = state.engine.project_of([path for _, path, _ in paths])  # type: ignore[attr-defined]
+  for shown, path, _named in paths:
     _one(state, shown, path)
     out.flush()
   files = _plural(state.files, "file")

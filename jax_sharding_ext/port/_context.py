@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from typing import Any
 
 from jax_sharding_ext.port import _jaxnames, _rules, _scope
 from jax_sharding_ext.port._imports import Note, Plan
@@ -27,10 +28,13 @@ class Fixed(Note):
 
 
 class Context:
-  def __init__(self, tree: ast.Module, text: Text, walk: _scope.Walk) -> None:
+  def __init__(self, tree: ast.Module, text: Text, walk: _scope.Walk, path: str = "<source>",
+               project: Any = None) -> None:
     self.tree = tree
     self.text = text
     self.walk = walk
+    self.path = path  # the file's path (the rules that read other files start from it)
+    self.project = project  # a `_project.Project`, or None
     self.notes: list[Note] = []
     self.plans: dict[int, Plan] = {}  # id(import statement) -> its plan
     self.redirects: dict[int, tuple[str, str]] = {}  # id(alias) -> (old, new)

@@ -15,10 +15,11 @@ import dataclasses
 import warnings
 from typing import cast
 
-from jax_sharding_ext.port import _analyze, _scope, _values
+from jax_sharding_ext.port import _analyze, _files, _scope, _source, _values
 from jax_sharding_ext.port._context import Context, Fixed
 from jax_sharding_ext.port._finding import Finding
 from jax_sharding_ext.port._imports import Note
+from jax_sharding_ext.port._project import Project
 from jax_sharding_ext.port._source import Edit, Text, apply
 
 _ROUNDS = 4
@@ -47,12 +48,36 @@ class Result:
   ctx: Context
 
 
-def analyze(text: str, path: str, tree: ast.Module | None = None) -> Result:
+def context(text: str, path: str, tree: ast.Module | None = None,
+            project: Project | None = None) -> Context:
+  """What the rules read of one module (nothing judged yet)."""
   tree = tree if tree is not None else parse(text, path)
-  source = Text(text)
   walk = _scope.walk(tree, _analyze.dead_try, _values.WATCHED)
-  ctx = Context(tree, source, walk)
-  _analyze.analyze(tree, ctx)
+  return Context(tree, Text(text), walk, path, project)
+
+
+def load(path: str, project: Project) -> Context | None:
+  """Another file of the project, for the rules that follow calls into it."""
+  try:
+    return context(_source.decode(_files.read(path))[0], path, project=project)
+  except (_files.Unreadable, SyntaxError):
+    return None
+
+
+def project_of(paths: list[str]) -> Project:
+  """The project of a run over `paths` (the files it reads others from)."""
+  holder: list[Project] = []
+  project = Project(paths, lambda path: load(path, holder[0]))
+  holder.append(project)
+  return project
+
+
+def analyze(text: str, path: str, tree: ast.Module | None = None,
+            project: Project | None = None) -> Result:
+  if project is None:
+    project = project_of([path])
+  ctx = context(text, path, tree, project)
+  _analyze.analyze(ctx.tree, ctx)
   return Result(_findings(ctx, path), ctx)
 
 
@@ -112,14 +137,17 @@ def edit_groups(ctx: Context) -> list[list[Edit]]:
   return groups
 
 
-def check_text(text: str, path: str = "<source>") -> list[Finding]:
-  return analyze(text, path).findings
+def check_text(text: str, path: str = "<source>", project: Project | None = None
+               ) -> list[Finding]:
+  return analyze(text, path, project=project).findings
 
 
-def fix_text(text: str, path: str = "<source>") -> tuple[str, list[Finding], list[Finding]]:
+def fix_text(text: str, path: str = "<source>", project: Project | None = None
+             ) -> tuple[str, list[Finding], list[Finding]]:
   """(the text with every fixable finding fixed, the findings of the text as
   given, the findings left in the fixed text)."""
-  result = analyze(text, path)
+  project = project if project is not None else project_of([path])
+  result = analyze(text, path, project=project)
   before = result.findings
   for _ in range(_ROUNDS):
     if not any(f.fixable for f in result.findings):
@@ -133,5 +161,5 @@ def fix_text(text: str, path: str = "<source>") -> tuple[str, list[Finding], lis
     except SyntaxError as e:
       raise RuntimeError(f"{path}: the rewrite does not compile ({e.msg} at line "
                          f"{e.lineno}); nothing written. Please report this.") from None
-    text, result = new, analyze(new, path, tree)
+    text, result = new, analyze(new, path, tree, project)
   return text, before, result.findings

@@ -101,7 +101,7 @@ def _class_homes() -> dict[str, list[tuple[str, type]] | None]:
 
 def _class_home(module: str, name: str) -> str | None:
   """The public home of the class `name` once in `module`: the one in a module
-  named like a part of `module` (`jax._src.sharding_impls` -> `jax.sharding`),
+  named like a part of `module` (a private `sharding_impls` -> `jax.sharding`),
   else the one with the fewest dots."""
   homes = _class_homes().get(name)
   if not homes:

@@ -127,6 +127,10 @@ MHU_WHAT = {
 JSE204 = ("`with {shown}:` enters the legacy mesh context (deprecated), which "
           "`jax.sharding.get_abstract_mesh()` and today's flax do not see; write "
           "`with {new}:`, which legacy pjit and `with_sharding_constraint` read as well")
+JSE204_MAYBE = (
+    "`with {shown}:` enters the legacy mesh context (deprecated) where the value is a `Mesh`; "
+    "not every value that can reach it is surely one (`jax.set_mesh` refuses anything else), "
+    "so --write leaves it: where it is a `Mesh`, write `with {new}:`")
 JSE205 = ("`{shown}`: `_device_buffers` is a `GlobalDeviceArray`'s (its local single-device "
           "arrays, in local-device order), not a `jax.Array`'s; for either kind, "
           "`[s.data for s in {value}.addressable_shards]`")

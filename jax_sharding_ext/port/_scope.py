@@ -32,6 +32,7 @@ class Scope:
   parent: Scope | None
   names: dict[str, list[Binding]] = dataclasses.field(default_factory=dict)
   global_names: set[str] = dataclasses.field(default_factory=set)
+  node: ast.AST | None = None  # the module, def, lambda, class or comprehension
 
   def bind(self, name: str, binding: Binding) -> None:
     self.names.setdefault(name, []).append(binding)
@@ -82,7 +83,9 @@ class Walk:
   withs: list[tuple[ast.withitem, Scope]] = dataclasses.field(default_factory=list)
   decorators: list[tuple[ast.expr, Scope]] = dataclasses.field(default_factory=list)
   attrs: list[tuple[ast.Attribute, Scope]] = dataclasses.field(default_factory=list)
-  mesh_assigned: list[tuple[str, ast.Call]] = dataclasses.field(default_factory=list)
+  with_stmts: dict[int, ast.With | ast.AsyncWith] = dataclasses.field(default_factory=dict)
+  annotated: set[int] = dataclasses.field(default_factory=set)  # ids inside annotations
+  scopes: dict[int, Scope] = dataclasses.field(default_factory=dict)  # id(def) -> its scope
   defined: set[str] = dataclasses.field(default_factory=set)  # def names, stored attributes
   functions: set[str] = dataclasses.field(default_factory=set)  # names of `def`s
   bodies: list[list[ast.stmt]] = dataclasses.field(default_factory=list)
@@ -121,6 +124,7 @@ class _Walker:
     self.stack.extend((n, scope, guarded) for n in reversed(list(nodes)) if n is not None)
 
   def run(self, tree: ast.Module) -> Walk:
+    self.walk.module.node = tree
     self.walk.bodies.append(tree.body)
     self.push(tree.body, self.walk.module)
     while self.stack:
@@ -163,7 +167,8 @@ class _Walker:
 
   def _function(self, node, scope: Scope, guarded: bool) -> None:
     args = node.args
-    inner = Scope("function", scope)
+    inner = Scope("function", scope, node=node)
+    self.walk.scopes[id(node)] = inner
     for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
       if a is not None:
         inner.bind(a.arg, Binding(None))
@@ -174,8 +179,10 @@ class _Walker:
       self.walk.functions.add(node.name)
       self.walk.decorators.extend((d, scope) for d in node.decorator_list)
       outer += [*node.decorator_list, node.returns]
-      outer += [a.annotation for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
-                                       args.vararg, args.kwarg] if a is not None]
+      annotations = [a.annotation for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                            args.vararg, args.kwarg] if a is not None]
+      self._annotations([*annotations, node.returns])
+      outer += annotations
       self.walk.bodies.append(node.body)
       self.push(node.body, inner, False)
     else:
@@ -186,14 +193,15 @@ class _Walker:
 
   def visit_ClassDef(self, node: ast.ClassDef, scope: Scope, guarded: bool) -> None:
     scope.bind(node.name, Binding(None))
-    inner = Scope("class", scope)
+    inner = Scope("class", scope, node=node)
+    self.walk.scopes[id(node)] = inner
     self.walk.decorators.extend((d, scope) for d in node.decorator_list)
     self.walk.bodies.append(node.body)
     self.push(node.body, inner, False)
     self.push([*node.decorator_list, *node.bases, *node.keywords], scope, guarded)
 
   def _comprehension(self, node, scope: Scope, guarded: bool) -> None:
-    inner = Scope("function", scope)
+    inner = Scope("function", scope, node=node)
     gens = node.generators
     parts: list[ast.AST] = [gens[0].target, *gens[0].ifs]
     for g in gens[1:]:
@@ -229,11 +237,13 @@ class _Walker:
 
   visit_MatchAs = visit_MatchStar = visit_MatchMapping = _match_name
 
-  def visit_Assign(self, node: ast.Assign, scope: Scope, guarded: bool) -> None:
-    if isinstance(node.value, ast.Call):
-      self.walk.mesh_assigned += [(ast.unparse(t) if isinstance(t, ast.Attribute) else t.id,
-                                   node.value) for t in node.targets
-                                  if isinstance(t, ast.Name | ast.Attribute) and chain(t)]
+  def _annotations(self, nodes) -> None:
+    for annotation in nodes:
+      if annotation is not None:
+        self.walk.annotated.update(id(n) for n in ast.walk(annotation))
+
+  def visit_AnnAssign(self, node: ast.AnnAssign, scope: Scope, guarded: bool) -> None:
+    self._annotations([node.annotation])
     self.generic(node, scope, guarded)
 
   # -- uses ----------------------------------------------------------------------
@@ -264,6 +274,13 @@ class _Walker:
     self.walk.calls.append((node, scope))
     self.generic(node, scope, guarded)
 
+  def visit_With(self, node: ast.With | ast.AsyncWith, scope: Scope, guarded: bool) -> None:
+    for item in node.items:
+      self.walk.with_stmts[id(item)] = node
+    self.generic(node, scope, guarded)
+
+  visit_AsyncWith = visit_With
+
   def visit_withitem(self, node: ast.withitem, scope: Scope, guarded: bool) -> None:
     self.walk.withs.append((node, scope))
     self.generic(node, scope, guarded)
@@ -272,5 +289,6 @@ class _Walker:
 def walk(tree: ast.Module, dead_try: Callable[[ast.Try], bool],
          watched_attrs: frozenset[str]) -> Walk:
   """Scopes, imports, uses of names (outermost attribute chains), calls, `with`
-  items, decorators, the attributes named in `watched_attrs` and `x = f(...)`."""
+  items and statements, decorators, annotations and the attributes named in
+  `watched_attrs`."""
   return _Walker(dead_try, watched_attrs).run(tree)

@@ -20,17 +20,13 @@ import ast
 import re
 from typing import cast
 
-from jax_sharding_ext.port import _reports, _rules, _scope
+from jax_sharding_ext.port import _kinds, _reports, _rules, _scope
 from jax_sharding_ext.port._context import Context
 from jax_sharding_ext.port._source import Edit
 from jax_sharding_ext.port._source import shown as _shown_text
 
 WATCHED = frozenset({"device_buffers", "device_buffer", "_device_buffers"})
-_MESH_CLASSES = frozenset({"jax.sharding.Mesh", f"{_rules.PKG}.Mesh", "jax.experimental.maps.Mesh",
-                           "jax.interpreters.pxla.Mesh"})
 _MESH_NAME = re.compile(r"(^|_)mesh$", re.IGNORECASE)
-_MESH_VALUE = re.compile(r"^_*(global_|physical_|device_)?mesh$", re.IGNORECASE)
-_MESH_FACTORY = re.compile(r"^(create|make)_(\w+_)?mesh$")  # jax.make_mesh, create_global_mesh
 _WSC = frozenset({"jax.lax.with_sharding_constraint",
                   "jax.experimental.pjit.with_sharding_constraint"})
 _MAPS_MESH = "jax.experimental.maps.mesh"
@@ -105,62 +101,30 @@ def _maps_mesh(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
 
 
 def _mesh_value(ctx: Context, func: ast.expr, scope: _scope.Scope) -> bool:
-  """A name that holds a `Mesh` (not an imported function such as `maps.mesh`)."""
+  """A value named like a mesh that may hold one (not an imported function such
+  as `maps.mesh`, nor a value known to be something else)."""
   parts = _scope.chain(func)
-  if parts is None or ctx.bindings(parts[0], scope):
+  if parts is None or not _named_mesh(func) or any(
+      b.stmt is not None for b in scope.lookup(parts[0])):
     return False
-  text = ".".join(parts)
-  named = (bool(_MESH_VALUE.match(parts[-1])) and parts[-1] not in ctx.walk.functions
-           and text not in _mesh_names(ctx)[1])
-  return named or text in _mesh_names(ctx)[0]
-
-
-def _mesh_names(ctx: Context) -> tuple[set[str], set[str]]:
-  """(the names assigned a `Mesh` call somewhere in the module, the names
-  assigned only calls of other imported callables, such as
-  `threading.Lock()`: not a `Mesh`, whatever the name says)."""
-  cached = getattr(ctx, "_mesh_names", None)
-  if cached is None:
-    module = ctx.walk.module
-    meshes = {name for name, call in ctx.walk.mesh_assigned if is_mesh_call(ctx, call, module)}
-    others = {name for name, call in ctx.walk.mesh_assigned
-              if name not in meshes and ctx.symbols(call.func, module)}
-    cached = ctx._mesh_names = (meshes, others)  # type: ignore[attr-defined]
-  return cached
-
-
-def is_mesh_call(ctx: Context, node: ast.expr, scope: _scope.Scope) -> bool:
-  """A call of a `Mesh` class (through any import), or of a `make_..._mesh` /
-  `create_..._mesh` function (`jax.make_mesh`, a test's `create_global_mesh`)."""
-  if not isinstance(node, ast.Call):
-    return False
-  func = node.func
-  name = func.id if isinstance(func, ast.Name) else (
-      func.attr if isinstance(func, ast.Attribute) else "")
-  if name == "create_device_mesh":  # mesh_utils: an array of devices, not a Mesh
-    return False
-  return bool(_MESH_FACTORY.match(name)) or any(
-      s in _MESH_CLASSES for s in ctx.symbols(func, scope))
+  return _kinds.kinds_of(ctx).of(func, scope) in ({_kinds.MESH}, {_kinds.UNKNOWN})
 
 
 def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
+  """`with m:` becomes `with jax.set_mesh(m):` when every value that can reach
+  `m` is a `Mesh`; where only some may be (or nothing is known of a value named
+  like a mesh), it is reported."""
   expr = item.context_expr
-  if isinstance(expr, ast.Name | ast.Attribute) and _scope.chain(expr):
-    last = expr.id if isinstance(expr, ast.Name) else expr.attr
-    text = ".".join(_scope.chain(expr) or [])
-    meshes, others = _mesh_names(ctx)
-    is_mesh = (bool(_MESH_NAME.search(last)) and text not in others) or text in meshes
-    if is_mesh and ctx.bindings(_scope.chain(expr)[0], scope):  # type: ignore[index]
-      is_mesh = False  # an imported name (`maps.mesh`, `jax.sharding.set_mesh`), not a value
-  else:
-    is_mesh = is_mesh_call(ctx, expr, scope)
-  if not is_mesh:
+  kinds = _kinds.kinds_of(ctx).of(expr, scope)
+  if kinds != {_kinds.MESH}:
+    if _kinds.MESH in kinds or (kinds == {_kinds.UNKNOWN} and _named_mesh(expr)):
+      ctx.note(expr, "JSE204", _reports.JSE204_MAYBE.format(
+          shown=_with_text(ctx, item), new=f"jax.set_mesh({ctx.shown(expr)})"))
     return
   shown = ctx.shown(expr)
   spelled = ctx.spell("jax.set_mesh", scope)
   target = item.optional_vars
-  whole = shown if target is None else _shown_text(
-      ctx.text.text[ctx.text.start(expr):ctx.text.end(target)])
+  whole = _with_text(ctx, item)
   if target is None:
     new = f"jax.set_mesh({shown})"
   elif isinstance(target, ast.Name):
@@ -179,6 +143,20 @@ def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
              Edit(end, ctx.text.end(target), ")")]
   ctx.note(expr, "JSE204", _reports.JSE204.format(
       shown=whole, new=new), edits, spelled[1])
+
+
+def _with_text(ctx: Context, item: ast.withitem) -> str:
+  if item.optional_vars is None:
+    return ctx.shown(item.context_expr)
+  return _shown_text(ctx.text.text[ctx.text.start(item.context_expr):
+                                   ctx.text.end(item.optional_vars)])
+
+
+def _named_mesh(expr: ast.expr) -> bool:
+  """A value whose name says it is a mesh (`mesh`, `self.global_mesh`): reported
+  when nothing else is known of it, never rewritten on its name alone."""
+  parts = _scope.chain(expr)
+  return parts is not None and bool(_MESH_NAME.search(parts[-1]))
 
 
 def _attribute(ctx: Context, node: ast.Attribute) -> None:
