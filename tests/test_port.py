@@ -813,3 +813,27 @@ def test_functions_of_other_files_of_the_project_are_followed(cli, tmp_path):
   assert "with jax.set_mesh(mesh):" in text
   assert "with jax.set_mesh(meshes.get_mesh(config)):" in text
   assert "  with other:\n" in text  # `maybe_mesh` may return None
+
+
+@pytest.mark.parametrize("init_files", [True, False])
+def test_orbax_support_is_added_only_where_the_file_uses_todays_orbax(cli, tmp_path, init_files):
+  """A copy of an old orbax inside the project (its own source importing
+  `orbax.checkpoint`) imports that copy, not today's orbax: adding
+  `jax_sharding_ext.orbax_support` there would import today's beside it."""
+  vendored = tmp_path / "third_party" / "orbax" / "checkpoint"
+  vendored.mkdir(parents=True)
+  if init_files:
+    (vendored.parent / "__init__.py").write_text("")
+    (vendored / "__init__.py").write_text("")
+  gda_era = ("import jax\nfrom orbax.checkpoint import utils\n"
+             "from jax.experimental.global_device_array import GlobalDeviceArray\n"
+             "def restore(args):\n  return GlobalDeviceArray, args.mesh_axes\n")
+  (vendored / "pytree_checkpoint_handler.py").write_text(gda_era)
+  user = tmp_path / "train.py"
+  user.write_text(gda_era.replace("from orbax.checkpoint import utils", "import orbax.checkpoint"))
+  _, found, _, _ = cli(tmp_path)
+  assert ("JSE207", 2) in found  # the user's code
+  cli("--write", tmp_path)
+  assert "jax_sharding_ext.orbax_support" not in (vendored / "pytree_checkpoint_handler.py"
+                                                 ).read_text()
+  assert "import jax_sharding_ext.orbax_support\n" in user.read_text()

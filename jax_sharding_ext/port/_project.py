@@ -3,9 +3,9 @@
 A rule that needs another file of the same project asks the `Project`:
 `resolve(importer, module, level)` finds the file an import statement
 names, as Python would from the importer's place (a relative import from
-its package; an absolute one from its directory or from the directory that
-holds its top-level package, or by its dotted name among the files of the
-run); `context(path)` parses that file on first use (a file is read only
+its package; an absolute one by its dotted name among the files of the run,
+from the importer's directory or its top-level package's, or the package
+the importer itself is part of, namespace packages included); `context(path)` parses that file on first use (a file is read only
 when a rule asks, and kept); `mentions(word)` says whether any file of the
 run contains a text, read once. A run on one module's source (`check`,
 `fix`, stdin) has a project of that file alone.
@@ -42,6 +42,7 @@ class Project:
     self._contexts: dict[str, Any] = {}
     self._by_name: dict[str, str] | None = None
     self._mentions: dict[bytes, bool] = {}
+    self._resolved: dict[tuple[str, str, int], str | None] = {}
     self.visiting: set[Any] = set()  # the functions whose returns are being followed
 
   def _names(self) -> dict[str, str]:
@@ -53,9 +54,16 @@ class Project:
     return self._by_name
 
   def resolve(self, importer: str | None, module: str, level: int = 0) -> str | None:
-    """The file of `module` imported from `importer` (a path), or None."""
+    """The file (or namespace package directory) of `module` imported from
+    `importer` (a path), or None."""
     if importer is None or importer == "-" or importer.startswith("<"):
       return None
+    key = (importer, module, level)
+    if key not in self._resolved:
+      self._resolved[key] = self._resolve(importer, module, level)
+    return self._resolved[key]
+
+  def _resolve(self, importer: str, module: str, level: int) -> str | None:
     root, parts = package_parts(importer)
     if level:
       package = parts[:-1] if not importer.endswith("__init__.py") else parts
@@ -67,10 +75,15 @@ class Project:
     found = self._names().get(module)
     if found is not None:
       return found
-    for base in (os.path.dirname(os.path.abspath(importer)), root):
+    here = os.path.dirname(os.path.abspath(importer))
+    for base in (here, root):
       found = _file(base, dotted)
       if found is not None:
         return found
+    for base in _ancestors(here):  # a package holding the importer (a copy of a library)
+      target = os.path.join(base, *dotted)
+      if here == target or here.startswith(target + os.sep):
+        return _file(base, dotted)
     return None
 
   def context(self, path: str) -> Any:
@@ -94,9 +107,20 @@ class Project:
     return self._mentions[word]
 
 
+def _ancestors(directory: str):
+  while True:
+    parent = os.path.dirname(directory)
+    if parent == directory:
+      return
+    yield parent
+    directory = parent
+
+
 def _file(base: str, parts: list[str]) -> str | None:
+  if not parts:
+    return None
   target = os.path.join(base, *parts)
   for candidate in (target + ".py", os.path.join(target, "__init__.py")):
-    if parts and os.path.isfile(candidate):
+    if os.path.isfile(candidate):
       return candidate
-  return None
+  return target if os.path.isdir(target) else None

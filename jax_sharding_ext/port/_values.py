@@ -177,11 +177,15 @@ def _attribute(ctx: Context, node: ast.Attribute) -> None:
 
 
 def _orbax(ctx: Context) -> None:
-  """GDA-era orbax code: a module importing orbax that reaches a GDA or passes
-  `mesh_axes=`, without `jax_sharding_ext.orbax_support` imported."""
+  """GDA-era orbax code: a module importing today's orbax that reaches a GDA or
+  passes `mesh_axes=`, without `jax_sharding_ext.orbax_support` imported. An
+  orbax the project holds itself (a copy of an old orbax, or orbax's own
+  source) is not today's: the support module would import today's beside it."""
   module = f"{_rules.PKG}.orbax_support"
   orbax = [s for s in ctx.walk.imports if _imports_orbax(s.node)]
   if not orbax or ctx.imports_package(module) or _internal(ctx):
+    return
+  if ctx.project is not None and ctx.project.resolve(ctx.path, "orbax") is not None:
     return
   gda = any(sym in _GDA_CLASSES for n, _p, s in ctx.walk.uses for sym in ctx.symbols(n, s))
   mesh_axes = any(kw.arg == "mesh_axes" for call, _s in ctx.walk.calls for kw in call.keywords)
