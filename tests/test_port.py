@@ -817,9 +817,10 @@ def test_functions_of_other_files_of_the_project_are_followed(cli, tmp_path):
 
 @pytest.mark.parametrize("init_files", [True, False])
 def test_orbax_support_is_added_only_where_the_file_uses_todays_orbax(cli, tmp_path, init_files):
-  """A copy of an old orbax inside the project (its own source importing
-  `orbax.checkpoint`) imports that copy, not today's orbax: adding
-  `jax_sharding_ext.orbax_support` there would import today's beside it."""
+  """A copy of an old orbax (its own source importing `orbax.checkpoint`)
+  imports that copy, not today's orbax: adding `jax_sharding_ext.orbax_support`
+  there would import today's beside it. Code elsewhere that imports orbax,
+  with no orbax among the files of the run, uses today's."""
   vendored = tmp_path / "third_party" / "orbax" / "checkpoint"
   vendored.mkdir(parents=True)
   if init_files:
@@ -831,9 +832,12 @@ def test_orbax_support_is_added_only_where_the_file_uses_todays_orbax(cli, tmp_p
   (vendored / "pytree_checkpoint_handler.py").write_text(gda_era)
   user = tmp_path / "train.py"
   user.write_text(gda_era.replace("from orbax.checkpoint import utils", "import orbax.checkpoint"))
-  _, found, _, _ = cli(tmp_path)
-  assert ("JSE207", 2) in found  # the user's code
-  cli("--write", tmp_path)
+  _, found, _, _ = cli(tmp_path / "third_party")
+  assert found == [("JSE101", 3)]
+  cli("--write", tmp_path / "third_party")
   assert "jax_sharding_ext.orbax_support" not in (vendored / "pytree_checkpoint_handler.py"
                                                  ).read_text()
+  _, found, _, _ = cli(user)
+  assert ("JSE207", 2) in found
+  cli("--write", user)
   assert "import jax_sharding_ext.orbax_support\n" in user.read_text()
