@@ -1,15 +1,20 @@
-"""Run every benchmark and write `benchmarks/RESULTS.md`.
+"""Run every benchmark; save the results data and write `benchmarks/RESULTS.md`.
 
 Runs each `bench_*.py` module's `run()` in a fresh process of its own (so no
 benchmark measures the compiled functions, arrays and memory that an earlier
-one left behind), prints their output as it goes, then writes a markdown report: date, versions, machine, device count, whether
-each target was met, the scaling curves (a table and a plot each; the plots
-go to `docs/scaling_*.png`, or next to a report written elsewhere), and one
-row per (benchmark, variant) with its median and ratio.
+one left behind), prints their output as it goes, evaluates every module's
+targets, and saves the run as `benchmarks/results.json`: date, versions,
+machine, device count, every (benchmark, variant) row with its median and
+ratio, the scaling curves' points, the targets, wall times and failures.
+`report.py` draws the markdown report from that data alone, and the scaling
+plots go to `docs/scaling_*.png` (or next to a report written elsewhere);
+the documentation site's benchmark pages and figures are drawn from the same
+data when it is built.
 
 Run: `make bench`, or `.venv/bin/python benchmarks/run_all.py [--quick]
 [--only NAME ...] [--output PATH]`. `--quick` uses far fewer iterations (a
-smoke run; its numbers are noisier and the report says so).
+smoke run; its numbers are noisier and the report says so). `--render`
+measures nothing: it writes the report and plots again from the saved data.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import time
 import traceback
 
 import _common  # first: sets XLA_FLAGS (8 CPU devices) before JAX starts
+import report
+import scaling_report
 from _targets import Rows, Target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,24 +59,14 @@ BENCHES: list[tuple[str, dict, dict]] = [
 # ---------------------------------------------------------------------------
 
 
-def _cell(text: object) -> str:
-  return str(text).replace("|", "\\|")
-
-
-def _number(v: float) -> str:
-  return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
-
-
-def _scaling_section(path: str, rows: list[dict]) -> list[str]:
-  """The scaling curves: a table each and a plot drawn from these rows.
+def _images(path: str, rows: list[dict]) -> dict[str, str]:
+  """Draw the scaling plots; `{name: path relative to the report}`.
 
   The PNGs go to `docs/` for the default report, else to `<report>_plots/`
-  next to the report; the report links them relatively.
+  next to the report.
   """
   if not any(r.get("curve") for r in rows):
-    return []
-  import scaling_report
-
+    return {}
   out_dir = os.path.dirname(os.path.abspath(path))
   if os.path.abspath(path) == DEFAULT_OUTPUT:
     png_dir = os.path.join(os.path.dirname(HERE), "docs")
@@ -80,8 +77,7 @@ def _scaling_section(path: str, rows: list[dict]) -> list[str]:
   except ImportError as e:  # matplotlib (extra [bench]) missing: tables only
     print(f"no plots: {e}", file=sys.stderr)
     written = {}
-  return scaling_report.markdown(rows, {k: os.path.relpath(v, out_dir)
-                                       for k, v in written.items()})
+  return {k: os.path.relpath(v, out_dir) for k, v in written.items()}
 
 
 def _targets() -> list[Target]:
@@ -89,73 +85,46 @@ def _targets() -> list[Target]:
   return [t for name, _, _ in BENCHES for t in importlib.import_module(name).targets()]
 
 
-def write_report(path: str, rows: list[dict], env: dict[str, str], *, quick: bool,
-                 started: datetime.datetime, seconds: dict[str, float],
-                 failures: dict[str, str]) -> list[tuple[Target, str, str]]:
+def evaluate_targets(rows: list[dict]) -> list[dict]:
+  """Each target measured on `rows`: what, goal, measured (text) and status."""
   results = []
   table = Rows(rows)
   for t in _targets():
     try:
       v = t.measure(table)
     except (KeyError, ZeroDivisionError, StopIteration):  # not run (e.g. --only)
-      results.append((t, "not measured", "NOT MEASURED"))
+      results.append({"what": t.what, "goal": t.goal, "measured": "not measured",
+                      "status": "NOT MEASURED"})
       continue
     if t.ok is None:
       status = "reference"
     else:
       status = "met" if t.ok(v) else "MISSED" + (f" ({t.note})" if t.note else "")
-    results.append((t, t.fmt.format(v), status))
-
-  import jax
-  devices = jax.devices()
-  lines = [
-      "# Benchmark results",
-      "",
-      f"Written by `benchmarks/run_all.py`{' --quick (few iterations: smoke numbers)' if quick else ''}"
-      " (`make bench`). Every benchmark compares its variants side by side in one "
-      "process, interleaved, and reports medians.",
-      "",
-      f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')}"
-      f" (total {sum(seconds.values()):.0f} s)",
-      f"- JAX {env['jax']}, jaxlib {env['jaxlib']}, jax_sharding_ext "
-      f"{env['jax_sharding_ext']}, Python {env['python']}",
-      f"- Machine: {env['machine']}",
-      f"- Devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}); "
-      f"XLA_FLAGS=`{env['XLA_FLAGS']}`",
-      "",
-      "## Targets",
-      "",
-      "| Target | Goal | Measured | Status |",
-      "|---|---|---|---|",
-  ]
-  for t, measured, status in results:
-    lines.append(f"| {_cell(t.what)} | "
-                 f"{_cell(t.goal)} | {measured} | {status} |")
-  lines += ["", *_scaling_section(path, rows)]
-  lines += [
-      "## All measurements",
-      "",
-      "Ratio is this variant's median / the base variant's median. Time units "
-      "(us, ms): lower is faster. GB/s: higher is faster. MiB: peak live device "
-      "bytes over the run (one run per variant, not a median). The scaling "
-      "curves' points are in their tables above.",
-      "",
-      "| Benchmark | Variant | Median | Unit | Ratio | Base |",
-      "|---|---|---:|---|---:|---|",
-  ]
-  for r in (r for r in rows if not r.get("curve")):
-    lines.append(f"| {_cell(r['benchmark'])} | {_cell(r['variant'])} | "
-                 f"{_number(r['median'])} | {r['unit']} | {r['ratio']:.2f}x | "
-                 f"{_cell(r['base'])} |")
-  lines += ["", "## Wall time per benchmark", ""]
-  lines += [f"- {name}: {s:.0f} s" for name, s in seconds.items()]
-  if failures:
-    lines += ["", "## Failures", ""]
-    for name, tb in failures.items():
-      lines += [f"### {name}", "", "```", tb.rstrip(), "```", ""]
-  with open(path, "w") as f:
-    f.write("\n".join(lines).rstrip() + "\n")
+    results.append({"what": t.what, "goal": t.goal, "measured": t.fmt.format(v),
+                    "status": status})
   return results
+
+
+def _scaling_about() -> dict:
+  """What the scaling curves measure and their repetitions (from bench_scaling)."""
+  import bench_scaling
+  about = bench_scaling.__doc__.split("\n\n", 1)[1].split("\n\nRepetitions")[0].strip()
+  return {"about": about, "reps": bench_scaling.REPS}
+
+
+def data_path(report_path: str) -> str:
+  """Where the data of the report at `report_path` is saved."""
+  if os.path.abspath(report_path) == DEFAULT_OUTPUT:
+    return report.RESULTS_JSON
+  return os.path.splitext(report_path)[0] + ".json"
+
+
+def write(path: str, results: dict) -> None:
+  """Save `results` next to the report, then write the report and its plots."""
+  report.save(results, data_path(path))
+  text = report.markdown(results, _images(path, results["rows"]))
+  with open(path, "w") as f:
+    f.write(text)
 
 
 def _run_in_child(name: str, kwargs: dict) -> dict:
@@ -194,7 +163,13 @@ def main() -> int:
                   help="run only these modules (e.g. bench_dispatch)")
   ap.add_argument("--output", default=DEFAULT_OUTPUT,
                   help="where to write the markdown report (default: benchmarks/RESULTS.md)")
+  ap.add_argument("--render", action="store_true",
+                  help="measure nothing: write the report and plots from the saved data")
   args = ap.parse_args()
+  if args.render:
+    write(args.output, report.load(data_path(args.output)))
+    print(f"wrote {os.path.relpath(args.output)} from {os.path.relpath(data_path(args.output))}")
+    return 0
 
   started = datetime.datetime.now(datetime.UTC)
   env = _common.environment()
@@ -213,13 +188,27 @@ def main() -> int:
     failures.update(got["failures"])
     seconds[name] = time.perf_counter() - t0
 
-  results = write_report(args.output, rows, env, quick=args.quick, started=started,
-                         seconds=seconds, failures=failures)
-  print(f"\n=== targets (written to {os.path.relpath(args.output)})")
-  for t, measured, status in results:
-    print(f"  [{status.split(' (')[0]:>12}] {t.what}: {measured} (goal {t.goal})")
-  print(f"total {sum(seconds.values()):.0f} s")
+  results = {
+      "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+      "quick": args.quick,
+      "environment": env,
+      "seconds": seconds,
+      "failures": failures,
+      "rows": rows,
+      "targets": evaluate_targets(rows),
+      "scaling": _scaling_about(),
+  }
+  write(args.output, results)
+  _print_targets(args.output, results)
   return 1 if failures else 0
+
+
+def _print_targets(path: str, results: dict) -> None:
+  print(f"\n=== targets (written to {os.path.relpath(path)})")
+  for t in results["targets"]:
+    print(f"  [{t['status'].split(' (')[0]:>12}] {t['what']}: {t['measured']} "
+          f"(goal {t['goal']})")
+  print(f"total {sum(results['seconds'].values()):.0f} s")
 
 
 if __name__ == "__main__":
