@@ -1,13 +1,18 @@
 """Sphinx configuration of the jax_sharding_ext documentation.
 
-`make docs` builds it into build/docs with warnings as errors. The example
-notebooks of examples/ are copied into docs/examples/ (gitignored) when the
-build starts and executed there by myst-nb, so the site shows what they print
-with the package as it is. Nothing is fetched from the network: no
-intersphinx, and the theme's assets ship with it.
+`make docs` builds it into build/docs with warnings as errors; without make,
+`python -m sphinx -W --keep-going -b html docs build/docs` does the same
+(after `pip install '.[docs]'`). The example notebooks of examples/ are
+copied into docs/examples/ (gitignored) when the build starts and executed
+there by myst-nb, so the site shows what they print with the package as it
+is. Nothing is fetched from the network: no intersphinx, and the theme's
+assets ship with it.
 
 The build also fails when a public name (an entry of `__all__` of the package
-or of one of its public modules) has no entry in the API reference.
+or of one of its public modules) has no entry in the API reference, and when
+a link, anchor or image inside the built site is broken (`_ext/local_links.py`).
+The benchmark figures and tables come from `benchmarks/results.json`, the
+data `make bench` saves (`_ext/bench_figures.py`).
 """
 
 import importlib
@@ -24,10 +29,13 @@ from sphinx.util import logging
 DOCS = pathlib.Path(__file__).resolve().parent
 REPO = DOCS.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(DOCS / "_ext"))
 
 # Anything the build runs in this process stays on the CPU; the notebooks set
 # their own device count in their first cell.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import bench_figures  # noqa: E402
 
 import jax_sharding_ext  # noqa: E402
 
@@ -45,16 +53,29 @@ extensions = [
   "myst_nb",
   "sphinx.ext.autodoc",
   "sphinx.ext.napoleon",
-  "sphinx.ext.viewcode",
   "sphinx_autodoc_typehints",
+  "local_links",
 ]
 
-exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+# No `sphinx.ext.viewcode`: the installed package is its own source, and a
+# source view of re-exported stock JAX objects and of generated members would
+# show the wrong code or link nowhere.
+
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "_ext", "_generated"]
 
 # -- MyST and the notebooks ---------------------------------------------------
 
-myst_enable_extensions = ["colon_fence", "deflist"]
+myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
 myst_heading_anchors = 3
+
+# -- Benchmark figures ----------------------------------------------------------
+
+# Every measured figure the pages show is a substitution (`{{ dispatch }}`)
+# drawn from the saved results of the last `make bench`, and the benchmark
+# pages include tables written from the same data.
+_RESULTS = bench_figures.load()
+myst_substitutions = bench_figures.figures(_RESULTS)
+bench_figures.write_pages(_RESULTS, DOCS / "_generated")
 
 # `make docs DOCS_EXECUTE=off` skips running the notebooks (their committed
 # outputs are shown); the default runs every one on every build.
