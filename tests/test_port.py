@@ -841,3 +841,27 @@ def test_orbax_support_is_added_only_where_the_file_uses_todays_orbax(cli, tmp_p
   assert ("JSE207", 2) in found
   cli("--write", user)
   assert "import jax_sharding_ext.orbax_support\n" in user.read_text()
+
+
+@pytest.mark.parametrize("before, after", [
+    ("import jax\nx = jax.tree_map(f,\n                 a,\n                 b)\n",
+     "import jax\nx = jax.tree_util.tree_map(f,\n                           a,\n"
+     "                           b)\n"),
+    # Only the bracket the rename moved; the outer one's lines stay.
+    ("import jax\ny = foo(jax.tree_map(lambda q: q,\n                     z), c,\n        d)\n",
+     "import jax\ny = foo(jax.tree_util.tree_map(lambda q: q,\n                               z), c,\n"
+     "        d)\n"),
+    # A rename that shortens the line; nested brackets and a comment move along,
+    # the inside of a string does not.
+    ("import jax\nw = jax.tree_util.tree_multimap(g,  # why\n                                [1,\n"
+     "                                 2],\n                                \"\"\"a\n   b\"\"\")\n",
+     "import jax\nw = jax.tree_util.tree_map(g,  # why\n                           [1,\n"
+     "                            2],\n                           \"\"\"a\n   b\"\"\")\n"),
+    # A hanging indent does not depend on the bracket's place.
+    ("import jax\nz = jax.tree_map(\n    f, a)\n", "import jax\nz = jax.tree_util.tree_map(\n    f, a)\n"),
+    ("import jax\ns = jax.tree_map(f, {'a': 1,\n                     'b': 2})\n",
+     "import jax\ns = jax.tree_util.tree_map(f, {'a': 1,\n                               'b': 2})\n"),
+])
+def test_continuation_lines_stay_aligned_with_a_moved_bracket(before, after):
+  assert port.fix(before) == after
+  assert port.fix(after) == after

@@ -15,12 +15,12 @@ import dataclasses
 import warnings
 from typing import cast
 
-from jax_sharding_ext.port import _analyze, _files, _scope, _source, _values
+from jax_sharding_ext.port import _align, _analyze, _files, _scope, _source, _values
 from jax_sharding_ext.port._context import Context, Fixed
 from jax_sharding_ext.port._finding import Finding
 from jax_sharding_ext.port._imports import Note
 from jax_sharding_ext.port._project import Project
-from jax_sharding_ext.port._source import Edit, Text, apply
+from jax_sharding_ext.port._source import Edit, Text, choose, splice
 
 _ROUNDS = 4
 
@@ -152,7 +152,8 @@ def fix_text(text: str, path: str = "<source>", project: Project | None = None
   for _ in range(_ROUNDS):
     if not any(f.fixable for f in result.findings):
       break
-    new = apply(text, edit_groups(result.ctx))
+    edits = choose(edit_groups(result.ctx))
+    new = splice(text, edits + _align.realign(result.ctx.text, edits))
     if new == text:
       break
     result = None  # type: ignore[assignment]  # one module's tree in memory at a time

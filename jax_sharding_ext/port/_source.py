@@ -86,9 +86,14 @@ class Text:
 
 
 def apply(text: str, groups: list[list[Edit]]) -> str:
-  """`text` with the groups of edits applied; a group is all or nothing, and of
-  two groups whose edits touch the same characters the later one waits (for
-  the next round). Identical edits of several groups apply once."""
+  """`text` with the groups of edits applied (`choose`)."""
+  return splice(text, choose(groups))
+
+
+def choose(groups: list[list[Edit]]) -> list[Edit]:
+  """The edits of the groups that apply together, sorted: a group is all or
+  nothing, and of two groups whose edits touch the same characters the later
+  one waits (for the next round). Identical edits of several groups apply once."""
   rejected: set[int] = set()
   while True:
     owners: dict[Edit, int] = {}
@@ -101,8 +106,13 @@ def apply(text: str, groups: list[list[Edit]]) -> str:
     if clash is None:
       break
     rejected.add(clash)
+  return edits
+
+
+def splice(text: str, edits: list[Edit]) -> str:
+  """`text` with `edits` (sorted, none overlapping) made."""
   out, pos = [], 0
-  for e in edits:
+  for e in sorted(edits, key=lambda e: (e.start, e.end)):
     out += [text[pos:e.start], e.new]
     pos = e.end
   out.append(text[pos:])
