@@ -865,3 +865,29 @@ def test_orbax_support_is_added_only_where_the_file_uses_todays_orbax(cli, tmp_p
 def test_continuation_lines_stay_aligned_with_a_moved_bracket(before, after):
   assert port.fix(before) == after
   assert port.fix(after) == after
+
+
+def test_a_notebook_keeps_every_byte_outside_the_sources_it_changes(cli, tmp_path):
+  """Unchanged cells (escapes, empty sources, outputs, the file's own layout)
+  come back byte for byte; a changed cell's source is written as the file
+  writes sources."""
+  unchanged = ('{"cell_type": "code", "execution_count": 1, "metadata": {}, '
+               '"outputs": [{"name": "stdout", "output_type": "stream", "text": ["caf\\u00e9\\/\\n"]}], '
+               '"source": ["print(\\"caf\\u00e9\\")  # \\u0041"]}')
+  empty = '{"cell_type": "code", "execution_count": null, "metadata": {}, "outputs": [], "source": []}'
+  changed = ('{"cell_type": "code", "execution_count": null, "metadata": {}, "outputs": [], '
+             '"source": [\n    "import jax\\n",\n    "y = jax.tree_map(f,\\n",\n'
+             '    "                 x)"\n   ]}')
+  raw = ('{\n "cells": [\n  ' + unchanged + ',\n  ' + empty + ',\n  ' + changed
+         + '\n ],\n "metadata": {"kernelspec": {"name": "python3"}},\n "nbformat": 4,\n'
+         ' "nbformat_minor": 5\n}\n')
+  path = tmp_path / "n.ipynb"
+  path.write_text(raw)
+  json.loads(raw)  # a valid notebook
+  assert cli("--write", path)[:2] == (0, [])
+  new_source = ('[\n    "import jax\\n",\n    "y = jax.tree_util.tree_map(f,\\n",\n'
+                '    "                           x)"\n   ]')
+  old_source = changed[changed.index('"source": ') + len('"source": '):-1]
+  assert path.read_text() == raw.replace(old_source, new_source)
+  assert cli("--write", path)[:2] == (0, []) and path.read_text() == raw.replace(
+      old_source, new_source)

@@ -8,6 +8,12 @@ Python that IPython runs under a magic is checked as Python: the code of a
 a `%%time` / `%%timeit` / `%%capture` cell (its first line held out). A cell
 run by another cell magic (`%%bash`) is left out whole, as is a cell that
 does not parse (reported). Findings name the cell: `nb.ipynb:cell 3`.
+
+Writing back changes only the `source` of the cells whose code changed, in
+place in the file's own text: every other byte (other cells, outputs, the
+file's JSON layout and escapes) stays as it was. A changed `source` is
+written as the file wrote it (a list of lines or one string, its indentation,
+escapes of non-ASCII characters or not).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import ast
 import dataclasses
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 _MAGIC = re.compile(r"^(\s*)(%|!|\?)|^\s*\w[\w.]*\?\??\s*$|^\s*[\w.]+\s*=\s*[!%]")
@@ -32,6 +39,7 @@ _PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture"})
 
 @dataclasses.dataclass
 class Notebook:
+  raw: bytes
   data: Any
   indent: int | None
   trailing_newline: bool
@@ -56,7 +64,7 @@ def load(raw: bytes, path: str) -> Notebook:
   text = raw.decode("utf-8", "replace")
   second = text.split("\n", 2)[1] if text.count("\n") >= 2 else ""
   indent = len(second) - len(second.lstrip(" ")) if second.startswith(" ") else None
-  nb = Notebook(data, indent, text.endswith("\n"), {}, [], {})
+  nb = Notebook(raw, data, indent, text.endswith("\n"), {}, [], {})
   for number, cell in enumerate(data["cells"], 1):
     if not isinstance(cell, dict) or cell.get("cell_type") != "code":
       continue
@@ -132,18 +140,115 @@ def column(nb: Notebook, line_text: str, col: int) -> int:
 
 def dump(nb: Notebook, text: str) -> bytes:
   """The notebook with its code cells replaced by those in `text` (a rewritten
-  `module_text`)."""
+  `module_text`): only the changed cells' `source` values are rewritten."""
   text = _HELD_LINE.sub(lambda m: nb.held[int(m.group(2))], text)
   text = _PREFIXED_LINE.sub(lambda m: m.group(1) + nb.held[int(m.group(3))] + m.group(2), text)
   pieces = _CELL_LINE.split(text)
+  changed: dict[int, str] = {}
   for i in range(1, len(pieces), 2):
     number, source = int(pieces[i]), pieces[i + 1]
     source = source[1:] if source.startswith("\n") else source
     source = source[:-1] if source.endswith("\n") else source
+    if _source(nb.data["cells"][number - 1]) != source:
+      changed[number] = source
+  raw = nb.raw.decode("utf-8")
+  try:
+    spans = dict(_source_spans(raw))
+  except (ValueError, IndexError, KeyError):
+    spans = {}
+  if not changed.keys() <= spans.keys():  # a layout this reader does not follow
+    return _reserialized(nb, changed)
+  ascii_only = _escapes_non_ascii(raw)
+  out, pos = [], 0
+  for number in sorted(changed):
+    start, end = spans[number]
+    out += [raw[pos:start], _render(raw, start, end, changed[number], ascii_only)]
+    pos = end
+  out.append(raw[pos:])
+  return "".join(out).encode("utf-8")
+
+
+def _reserialized(nb: Notebook, changed: dict[int, str]) -> bytes:
+  for number, source in changed.items():
     cell = nb.data["cells"][number - 1]
-    if _source(cell) == source:
-      continue
     cell["source"] = (source.splitlines(keepends=True) if isinstance(cell.get("source"), list)
                       else source)
   out = json.dumps(nb.data, indent=nb.indent, ensure_ascii=False)
   return (out + "\n" if nb.trailing_newline else out).encode("utf-8")
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _members(raw: str, i: int) -> Iterator[tuple[str, int, int]]:
+  """(key, value start, value end) of the JSON object starting at `raw[i]`."""
+  if raw[i] != "{":
+    raise ValueError("not an object")
+  i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+  if raw[i] == "}":
+    return
+  while True:
+    key, i = json.decoder.scanstring(raw, i + 1)  # type: ignore[attr-defined]
+    i = _WS.match(raw, i).end()  # type: ignore[union-attr]
+    start = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]  (past the `:`)
+    end = _DECODER.raw_decode(raw, start)[1]
+    yield key, start, end
+    i = _WS.match(raw, end).end()  # type: ignore[union-attr]
+    if raw[i] == "}":
+      return
+    i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]  (past the `,`)
+
+
+def _elements(raw: str, i: int) -> Iterator[tuple[int, int]]:
+  """(start, end) of each element of the JSON array starting at `raw[i]`."""
+  if raw[i] != "[":
+    raise ValueError("not an array")
+  i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+  while raw[i] != "]":
+    end = _DECODER.raw_decode(raw, i)[1]
+    yield i, end
+    i = _WS.match(raw, end).end()  # type: ignore[union-attr]
+    if raw[i] == ",":
+      i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+
+
+def _source_spans(raw: str) -> Iterator[tuple[int, tuple[int, int]]]:
+  """(cell number, the span of its `source` value) in the notebook's text."""
+  start = _WS.match(raw, 0).end()  # type: ignore[union-attr]
+  for key, value, _ in _members(raw, start):
+    if key == "cells":
+      for number, (cell, _end) in enumerate(_elements(raw, value), 1):
+        for k, s, e in _members(raw, cell):
+          if k == "source":
+            yield number, (s, e)
+
+
+def _escapes_non_ascii(raw: str) -> bool:
+  """Whether the file writes characters past ASCII as `\\u` escapes."""
+  return raw.isascii() and re.search(r"(?<!\\)\\u(?!00[0-7])[0-9a-fA-F]{4}", raw) is not None
+
+
+def _render(raw: str, start: int, end: int, source: str, ascii_only: bool) -> str:
+  """`source` as JSON in the place of `raw[start:end]`, written as that was."""
+  if raw[start] != "[":
+    return json.dumps(source, ensure_ascii=ascii_only)
+  lines = [json.dumps(line, ensure_ascii=ascii_only) for line in source.splitlines(True)]
+  inner = raw[start + 1:end - 1]
+  if inner.strip():
+    lead = inner[:len(inner) - len(inner.lstrip())]
+    tail = inner[len(inner.rstrip()):]
+  else:  # an empty list: one level deeper than the line holding it
+    line_start = raw.rfind("\n", 0, start) + 1
+    indent = raw[line_start:len(raw[:line_start]) + len(raw[line_start:]) -
+                 len(raw[line_start:].lstrip(" "))]
+    step = _indent_step(raw)
+    lead, tail = ("\n" + indent + " " * step, "\n" + indent) if step else ("", "")
+  if not lines:
+    return "[]"
+  return "[" + lead + ("," + lead).join(lines) + tail + "]"
+
+
+def _indent_step(raw: str) -> int:
+  second = raw.split("\n", 2)[1] if raw.count("\n") >= 2 else ""
+  return len(second) - len(second.lstrip(" "))
