@@ -181,41 +181,47 @@ _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
+def _skip(raw: str, i: int) -> int:
+  """The index of the first character at or after `i` that is not white space."""
+  found = _WS.match(raw, i)
+  return found.end() if found is not None else i
+
+
 def _members(raw: str, i: int) -> Iterator[tuple[str, int, int]]:
   """(key, value start, value end) of the JSON object starting at `raw[i]`."""
   if raw[i] != "{":
     raise ValueError("not an object")
-  i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+  i = _skip(raw, i + 1)
   if raw[i] == "}":
     return
   while True:
     key, i = json.decoder.scanstring(raw, i + 1)  # type: ignore[attr-defined]
-    i = _WS.match(raw, i).end()  # type: ignore[union-attr]
-    start = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]  (past the `:`)
+    i = _skip(raw, i)
+    start = _skip(raw, i + 1)  # past the `:`
     end = _DECODER.raw_decode(raw, start)[1]
     yield key, start, end
-    i = _WS.match(raw, end).end()  # type: ignore[union-attr]
+    i = _skip(raw, end)
     if raw[i] == "}":
       return
-    i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]  (past the `,`)
+    i = _skip(raw, i + 1)  # past the `,`
 
 
 def _elements(raw: str, i: int) -> Iterator[tuple[int, int]]:
   """(start, end) of each element of the JSON array starting at `raw[i]`."""
   if raw[i] != "[":
     raise ValueError("not an array")
-  i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+  i = _skip(raw, i + 1)
   while raw[i] != "]":
     end = _DECODER.raw_decode(raw, i)[1]
     yield i, end
-    i = _WS.match(raw, end).end()  # type: ignore[union-attr]
+    i = _skip(raw, end)
     if raw[i] == ",":
-      i = _WS.match(raw, i + 1).end()  # type: ignore[union-attr]
+      i = _skip(raw, i + 1)
 
 
 def _source_spans(raw: str) -> Iterator[tuple[int, tuple[int, int]]]:
   """(cell number, the span of its `source` value) in the notebook's text."""
-  start = _WS.match(raw, 0).end()  # type: ignore[union-attr]
+  start = _skip(raw, 0)
   for key, value, _ in _members(raw, start):
     if key == "cells":
       for number, (cell, _end) in enumerate(_elements(raw, value), 1):
