@@ -249,3 +249,173 @@ def install_races(draw) -> InstallRace:
   pauses = draw(st.lists(st.sampled_from((0.0, 0.0005, 0.002, 0.01, 0.05)),
                          min_size=2, max_size=40))
   return InstallRace(tuple(workers), tuple(pauses))
+
+
+# ---------------------------------------------------------------------------
+# Multihost (`test_fuzz_multihost.py`): pytrees that processes pass to the
+# `multihost_utils` helpers, each process's own, and bad arguments.
+# ---------------------------------------------------------------------------
+
+MH_PROCESSES = 2
+MH_LOCAL_DEVICES = 4
+MH_DTYPES = ("float32", "int32", "bool", "int8", "bfloat16", "complex64", "float64", "uint8")
+MH_LEAF_KINDS = ("numpy", "jax", "gda", "gda_replicated", "python", "numpy_scalar")
+"""Leaves with a value per process: numpy, a `jax.Array` on this process's
+devices, a GDA on them, a GDA replicated over every process's devices (each
+process fills its own replicas), a Python scalar, a numpy scalar."""
+
+MH_BAD_LEAF_KINDS = ("str", "object", "gda_sharded")
+"""Leaves the helpers refuse (a GDA sharded across processes has no
+per-process value)."""
+
+MH_MESHES = ("rows", "flat", "cols", "interleaved", "local_only", "none", "device_list")
+"""Meshes by name (`test_fuzz_multihost._mesh`): 'rows' (2, 4) and 'cols'
+(4, 2) with each process's devices a block, 'flat' (8,), 'interleaved' (8,)
+alternating processes (not contiguous), 'local_only' this process's devices,
+and two non-meshes."""
+
+MH_SPECS = ((), ("x",), ("x", "y"), (None, "y"), ("y",), (("x", "y"),), (None,),
+            ("z",), ("x", "x"), ("x", None, None, "y"), "str:x", "int:3", "none")
+"""`PartitionSpec` entries, or a non-spec: 'str:x' the string 'x', 'int:3',
+'none' (None, replicated for this package)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MhLeaf:
+  """A leaf as data; its value on process p is drawn from `(seed, p)` when
+  `per_process`, else from `seed` alone."""
+
+  kind: str
+  dtype: str
+  shape: tuple[int, ...]
+  seed: int = 0
+  per_process: bool = False
+  bump: int = -1
+  """A flat index (modulo the size) whose element is changed, or -1."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MhChange:
+  """What one process changes in the common tree before its call: at `path`
+  (child positions from the root), `kind` is 'value' (element `arg`),
+  'dtype' (to `arg`), 'shape' (to `arg`), 'extra_key', 'list_tuple',
+  'none_leaf', 'drop' (the node's last child) or 'not_array'."""
+
+  process: int
+  kind: str
+  path: tuple[int, ...]
+  arg: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MhCase:
+  """One call of a `multihost_utils` helper on every process.
+
+  `tree`: nested `("dict", ((key, node), ...))`, `("list", nodes)`,
+  `("tuple", nodes)`, `("none",)` or an `MhLeaf`. `changes`: per-process
+  perturbations. `mesh` / `pspecs` (one entry of `MH_SPECS` for the whole
+  tree) for the conversions; `option`: `tiled` for `process_allgather`, the
+  source process for `broadcast_one_to_all`.
+  """
+
+  op: str
+  tree: object
+  changes: tuple[MhChange, ...] = ()
+  mesh: str = "rows"
+  pspecs: object = ()
+  option: object = None
+  message: str = "mh"
+
+
+MH_OPS = ("assert_equal", "process_allgather", "broadcast_one_to_all",
+          "host_local_array_to_global_array", "global_array_to_host_local_array")
+
+
+@st.composite
+def mh_leaves(draw, kinds=MH_LEAF_KINDS, per_process=True) -> MhLeaf:
+  kind = draw(st.sampled_from(kinds))
+  dtype = draw(st.sampled_from(MH_DTYPES))
+  if kind == "python":
+    dtype = draw(st.sampled_from(("int64", "float64", "bool", "complex128")))
+  rank = 0 if kind in ("python", "numpy_scalar") else draw(st.integers(0, 3))
+  dims = st.sampled_from((0, 1, 2, 3, 4, 8)) if kind == "numpy" else st.sampled_from((1, 2, 4, 8))
+  shape = tuple(draw(st.lists(dims, min_size=rank, max_size=rank)))
+  if kind in ("gda_sharded",) and (not shape or shape[0] % (MH_PROCESSES * MH_LOCAL_DEVICES)):
+    shape = (MH_PROCESSES * MH_LOCAL_DEVICES, *shape[1:])
+  if draw(st.integers(0, 9)) == 0 and kind == "numpy":  # a big array: a difference deep inside
+    shape = (draw(st.sampled_from((1000, 4096))),)
+  pp = per_process and kind != "gda_sharded" and draw(st.booleans())
+  return MhLeaf(kind, dtype, shape, draw(st.integers(0, 3)), pp)
+
+
+def _mh_tree(leaf, max_leaves: int = 6):
+  def extend(children):
+    return st.one_of(
+        st.lists(children, max_size=3).map(lambda xs: ("list", tuple(xs))),
+        st.lists(children, max_size=3).map(lambda xs: ("tuple", tuple(xs))),
+        st.dictionaries(st.sampled_from("abcde"), children, max_size=3).map(
+            lambda d: ("dict", tuple(sorted(d.items())))))
+  return st.recursive(st.one_of(leaf, st.just(("none",))), extend, max_leaves=max_leaves)
+
+
+def mh_nodes(tree, path=()):
+  """Every `(path, node)` of `tree`, the root first."""
+  yield path, tree
+  if isinstance(tree, tuple) and tree[0] in ("list", "tuple", "dict"):
+    for i, child in enumerate(tree[1]):
+      yield from mh_nodes(child[1] if tree[0] == "dict" else child, (*path, i))
+
+
+_MH_CHANGES = ("value", "dtype", "shape", "extra_key", "list_tuple", "none_leaf", "drop",
+               "not_array")
+
+
+@st.composite
+def mh_changes(draw, tree, kinds=_MH_CHANGES, max_changes: int = 2) -> tuple:
+  nodes = list(mh_nodes(tree))
+  out = []
+  for _ in range(draw(st.integers(0, max_changes))):
+    kind = draw(st.sampled_from(kinds))
+    if kind in ("value", "dtype", "shape", "none_leaf", "not_array"):
+      fit = [p for p, n in nodes if isinstance(n, MhLeaf) and n.kind != "gda_sharded"
+             and (kind != "value" or 0 not in n.shape)]
+    elif kind == "extra_key":
+      fit = [p for p, n in nodes if isinstance(n, tuple) and n[0] == "dict"]
+    else:
+      fit = [p for p, n in nodes if isinstance(n, tuple) and n[0] in ("list", "tuple", "dict")
+             and (kind != "drop" or n[1])]
+    if not fit:
+      continue
+    path = draw(st.sampled_from(fit))
+    arg = None
+    if kind == "value":
+      arg = draw(st.integers(0, 10 ** 6))
+    elif kind == "dtype":
+      arg = draw(st.sampled_from(MH_DTYPES))
+    elif kind == "shape":
+      arg = tuple(draw(st.lists(st.sampled_from((1, 2, 3, 4)), max_size=3)))
+    out.append(MhChange(draw(st.integers(0, MH_PROCESSES - 1)), kind, path, arg))
+  return tuple(out)
+
+
+@st.composite
+def mh_cases(draw) -> MhCase:
+  """A call of one helper: equal or perturbed trees for the collectives, bad
+  (or fitting) meshes, specs and leaves for the conversions."""
+  op = draw(st.sampled_from(MH_OPS))
+  if op in ("assert_equal", "process_allgather", "broadcast_one_to_all"):
+    kinds = MH_LEAF_KINDS + (MH_BAD_LEAF_KINDS if draw(st.integers(0, 4)) == 0 else ())
+    if op == "process_allgather":  # a global leaf's value is global: the same everywhere
+      kinds = tuple(k for k in kinds if k != "gda_replicated")
+    tree = draw(_mh_tree(mh_leaves(kinds, per_process=op != "assert_equal")))
+    change_kinds = _MH_CHANGES if op == "assert_equal" else tuple(
+        k for k in _MH_CHANGES if k != "value")
+    changes = draw(mh_changes(tree, change_kinds))
+    option = (draw(st.booleans()) if op == "process_allgather"
+              else draw(st.sampled_from((None, 0, 1))) if op == "broadcast_one_to_all" else None)
+    return MhCase(op, tree, changes, option=option)
+  leaf_kinds = ("numpy", "jax", "gda", "python") + (
+      ("str", "object") if draw(st.integers(0, 4)) == 0 else ())
+  tree = draw(_mh_tree(mh_leaves(leaf_kinds, per_process=True), max_leaves=3))
+  return MhCase(op, tree, mesh=draw(st.sampled_from(MH_MESHES)),
+                pspecs=draw(st.sampled_from(MH_SPECS)))
