@@ -208,7 +208,6 @@ def use_after_a_sharer_is_gone(case: str) -> str:
   f(GlobalDeviceArray.from_callback((4,), mesh, P(), lambda i: data[i]))  # warm
   last = g.local_shards[1].data
   h = GlobalDeviceArray.from_callback((4,), mesh, P(), lambda i: last)
-  del last
   gone, used = (h, g) if case.startswith("h") else (g, h)
   if case.endswith("donated"):
     f(gone)
