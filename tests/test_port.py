@@ -319,15 +319,18 @@ def test_no_finding_without_gda_era_code():
 @pytest.mark.parametrize("before, after", [
     ("import jax.experimental.global_device_array as gda_lib, numpy as np  # why\n",
      "from jax_sharding_ext import global_device_array as gda_lib  # why\nimport numpy as np\n"),
-    ("from jax.experimental.maps import Mesh as M, xmap  # pylint: disable=g-multiple-import\n",
+    ("from jax.experimental.maps import Mesh as M, xmap  # pylint: disable=g-multiple-import\n"
+     "xmap\n",
      "from jax_sharding_ext import Mesh as M  # pylint: disable=g-multiple-import\n"
-     "from jax.experimental.maps import xmap  # pylint: disable=g-multiple-import\n"),
-    ("from jax.experimental import (\n    PartitionSpec as P,  # the spec\n    maps,\n)\n",
+     "from jax.experimental.maps import xmap  # pylint: disable=g-multiple-import\nxmap\n"),
+    ("from jax.experimental import (\n    PartitionSpec as P,  # the spec\n    maps,\n)\n"
+     "maps.xmap\n",
      "from jax_sharding_ext import (\n    PartitionSpec as P,  # the spec\n)\n"
-     "from jax.experimental import (\n    maps,\n)\n"),
-    ("from jax.experimental.pjit import (\n    pjit,  # legacy\n    pjit_p  # primitive\n)\n",
+     "from jax.experimental import (\n    maps,\n)\nmaps.xmap\n"),
+    ("from jax.experimental.pjit import (\n    pjit,  # legacy\n    pjit_p  # primitive\n)\n"
+     "pjit_p\n",
      "from jax_sharding_ext import (\n    pjit  # legacy\n)\n"
-     "from jax.experimental.pjit import (\n    pjit_p  # primitive\n)\n"),
+     "from jax.experimental.pjit import (\n    pjit_p  # primitive\n)\npjit_p\n"),
     ("from jax.experimental.pjit import pjit, with_sharding_constraint as wsc, FROM_GDA\n",
      "from jax_sharding_ext import pjit, FROM_GDA\n"
      "from jax.lax import with_sharding_constraint as wsc\n"),
@@ -337,9 +340,12 @@ def test_no_finding_without_gda_era_code():
      "from jax.experimental.multihost_utils import sync_global_devices\n"),
     ("from jax.experimental.global_device_array import GlobalDeviceArray, Shape\n",
      "from jax_sharding_ext.global_device_array import GlobalDeviceArray, Shape\n"),
-    ("import os; from jax.experimental.maps import Mesh, xmap; import sys\n",
+    ("import os; from jax.experimental.maps import Mesh, xmap; import sys\nxmap\n",
      "import os; from jax_sharding_ext import Mesh; from jax.experimental.maps import xmap; "
-     "import sys\n"),
+     "import sys\nxmap\n"),
+    # A removed name nothing uses: its import goes.
+    ("import os; from jax.experimental.maps import Mesh, xmap; import sys\n",
+     "import os; from jax_sharding_ext import Mesh; import sys\n"),
     ("def f():\n    # leading\n    from jax.experimental import multihost_utils, maps\n"
      "    return multihost_utils, maps\n",
      "def f():\n    # leading\n    from jax_sharding_ext import multihost_utils\n"
@@ -607,7 +613,7 @@ def test_stdin(tmp_path):
   res = run_stdin("--write", "-", stdin=source)
   assert res.returncode == 0, res.stderr
   assert res.stdout == "import jax\n" + PORTED + "jax.tree_util.tree_map(f, x)\n"
-  res = run_stdin("--write", "-", stdin=MAPS + "from jax.experimental.maps import xmap\n")
+  res = run_stdin("--write", "-", stdin=MAPS + "from jax.experimental.maps import xmap\nxmap\n")
   assert res.returncode == 1 and res.stdout.startswith(PORTED)
   assert "-:2:35: JSE302" in res.stderr  # what is left goes to stderr
 
@@ -891,3 +897,69 @@ def test_a_notebook_keeps_every_byte_outside_the_sources_it_changes(cli, tmp_pat
   assert path.read_text() == raw.replace(old_source, new_source)
   assert cli("--write", path)[:2] == (0, []) and path.read_text() == raw.replace(
       old_source, new_source)
+
+
+# -- names with one meaning today: this package's, or where JAX moved them -------
+
+
+def test_a_name_this_package_provides_is_imported_from_it_from_any_gda_era_home():
+  source = ("from jax._src.config import parallel_functions_output_gda, jax_array\n"
+            "from jax._src import config as jax_config\n"
+            "with parallel_functions_output_gda(True), "
+            "jax_config.parallel_functions_output_gda(False):\n  pass\njax_array\n")
+  fixed = assert_port_invariants(source)
+  assert fixed == ("from jax_sharding_ext import parallel_functions_output_gda\n"
+                   "from jax._src.config import jax_array\n"
+                   "import jax_sharding_ext\n"
+                   "from jax._src import config as jax_config\n"
+                   "with parallel_functions_output_gda(True), "
+                   "jax_sharding_ext.parallel_functions_output_gda(False):\n  pass\njax_array\n")
+
+
+def _rewritten_name(source, old):
+  """What `fix` writes for the name `old` spelled last in `source`."""
+  fixed = assert_port_invariants(source)
+  return fixed.rpartition("= ")[2].strip()
+
+
+@pytest.mark.parametrize("old", [
+    "jax.experimental.sharding.Sharding", "jax.experimental.sharding.NamedSharding",
+    "jax.ShapedArray", "jax.abstract_arrays.ShapedArray", "jax.interpreters.pxla.Mesh",
+    "jax.experimental.maps.Mesh", "jax.experimental.pjit.PartitionSpec",
+    "jax.experimental.sharding.MeshPspecSharding", "jax.lib.xla_client.Device",
+])
+def test_a_name_whose_module_moved_is_written_where_the_installed_jax_has_it(old):
+  """The rewrite names the same object in the installed JAX: its class's
+  public home (a renamed class under its new name)."""
+  module = old.rpartition(".")[0]
+  source = f"import jax\nimport {module}\nx = {old}\n"
+  new = _rewritten_name(source, old)
+  assert new.startswith("jax.") and resolves(new), new
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    obj = eval(new, {"jax": importlib.import_module("jax")})
+  name = old.rpartition(".")[2]
+  assert obj.__name__ in (name, "NamedSharding" if name == "MeshPspecSharding" else name, "P")
+
+
+def test_a_removed_array_class_is_jax_array_in_annotations_and_reported_elsewhere():
+  source = ("import jax\nfrom jax.random import KeyArray\nimport jax.numpy as jnp\n"
+            "def f(k: jax.random.KeyArray, x: 'jnp.DeviceArray') -> KeyArray:\n"
+            "  y: jnp.DeviceArray = x\n  return isinstance(k, jax.random.KeyArray)\n")
+  fixed = assert_port_invariants(source)
+  assert fixed == ("import jax\nimport jax.numpy as jnp\n"
+                   "def f(k: jax.Array, x: 'jnp.DeviceArray') -> jax.Array:\n"
+                   "  y: jax.Array = x\n  return isinstance(k, jax.random.KeyArray)\n")
+  left = port.check(fixed)
+  assert [(f.code, f.line) for f in left] == [("JSE303", 5)], left
+
+
+def test_imports_of_removed_names_nothing_uses_go():
+  source = ("from jax.sharding import OpShardingSharding, Mesh\n"
+            "from jax.experimental.maps import xmap\nfrom jax.interpreters import pxla\n"
+            "from jax.interpreters.pxla import ShardingSpec\n"
+            "__all__ = ['ShardingSpec']\nMesh\n")
+  fixed = assert_port_invariants(source)
+  assert fixed == ("from jax.sharding import Mesh\nfrom jax.interpreters import pxla\n"
+                   "from jax.interpreters.pxla import ShardingSpec\n"
+                   "__all__ = ['ShardingSpec']\nMesh\n")

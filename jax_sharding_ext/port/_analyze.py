@@ -102,6 +102,9 @@ class _Uses:
     ctx = self.ctx
     rename = _rules.rename_for(symbol)
     found = _reports.report_for(symbol)
+    if (found is not None and found[0].rpartition(".")[2] in _reports.ARRAY_TYPES
+        and id(node) in ctx.walk.annotated):  # an annotation claims no more than `jax.Array`
+      rename = (found[1].code, found[0], "jax.Array")
     rename_len = len(rename[1].split(".")) if rename else 0
     report_len = len(found[0].removesuffix(".*").split(".")) if found else 0
     if rename and rename_len >= report_len and rename_len >= base_len:
@@ -165,8 +168,10 @@ def _plan(stmt: _scope.ImportStmt, ctx: Context, drop: frozenset[str] = frozense
 
 def _drops(ctx: Context, uses: _Uses) -> dict[int, frozenset[str]]:
   """Per import statement, the names to drop (or, for `import a.b.c`, to make
-  `import a`): imports of names today's JAX lacks whose uses all get rewritten."""
+  `import a`): imports of names today's JAX lacks whose uses all get rewritten
+  (or that nothing uses; a name the module lists in `__all__` is used)."""
   out: dict[int, frozenset[str]] = {}
+  exported = _exported(ctx.tree)
   for stmt in ctx.walk.imports:
     if stmt.guarded:
       continue
@@ -182,13 +187,26 @@ def _drops(ctx: Context, uses: _Uses) -> dict[int, frozenset[str]]:
                                                or alias.name == "*"):
         continue
       symbol = alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
-      key = id(alias)
+      key, local = id(alias), alias.asname or alias.name
       if (is_jax(symbol) and _rules.fix_for(symbol) is None and not _jaxnames.has(symbol)
-          and uses.rewritten.get(key, 0) and uses.rewritten[key] == uses.total.get(key)):
-        names.add(alias.asname or alias.name)
+          and uses.rewritten.get(key, 0) == uses.total.get(key, 0) and local not in exported):
+        names.add(local)
     if names:
       out[id(node)] = frozenset(names)
   return out
+
+
+def _exported(tree: ast.Module) -> frozenset[str]:
+  """The names a module's `__all__` lists (strings written out)."""
+  names: set[str] = set()
+  for stmt in tree.body:
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else (
+        [stmt.target] if isinstance(stmt, ast.AugAssign | ast.AnnAssign) else [])
+    value = getattr(stmt, "value", None)
+    if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and value is not None:
+      names.update(n.value for n in ast.walk(value)
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str))
+  return frozenset(names)
 
 
 def analyze(tree: ast.Module, ctx: Context) -> None:

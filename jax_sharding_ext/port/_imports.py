@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from jax_sharding_ext.port import _jaxnames, _names, _reports, _rules
+from jax_sharding_ext.port import _jaxnames, _moves, _names, _reports, _rules
 
 
 @dataclasses.dataclass
@@ -68,11 +68,20 @@ def _missing(symbol: str) -> str | None:
 
 
 def missing_note(node: ast.AST | None, symbol: str, shown: str) -> Note | None:
+  """JSE311 for a name the installed JAX lacks, with JAX's own note on its
+  removal when JAX kept one."""
   missing = _missing(symbol)
   if missing is None:
     return None
-  return Note(node, "JSE311", _reports.JSE311.format(
-      shown=shown, version=_jaxnames.version(), missing=missing))
+  moved = _moves.under_new_name(symbol)
+  if moved != symbol:  # its module lives on under another name, without it
+    found = _reports.report_for(moved)
+    if found is not None:
+      return Note(node, found[1].code, _reports.render(found[0], found[1], shown))
+    missing = _missing(moved) or moved
+  message = _reports.JSE311.format(shown=shown, version=_jaxnames.version(), missing=missing)
+  note = _moves.removal_note(missing)
+  return Note(node, "JSE311", f"{message} (JAX: {note})" if note else message)
 
 
 def report_note(node: ast.AST | None, symbol: str, shown: str) -> Note | None:

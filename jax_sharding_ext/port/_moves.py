@@ -159,6 +159,15 @@ def _name_home(module: str, name: str) -> str | None:
   return _class_home(module, new) or same or _from_note(module, name)
 
 
+def under_new_name(symbol: str) -> str:
+  """`symbol` with a module JAX moved whole written under its new name (whether
+  or not the name is there)."""
+  for module in WHOLE:
+    if symbol == module or symbol.startswith(module + "."):
+      return MOVED[module][0] + symbol[len(module):]
+  return symbol
+
+
 def first_missing(symbol: str) -> int:
   """How many parts of `symbol` the installed JAX has (all: its length)."""
   parts = symbol.split(".")

@@ -23,8 +23,9 @@ ARRAY_TYPES = {
     "_DeviceArray": Report("JSE303", "`{shown}`: `DeviceArray` was removed from JAX; use `jax.Array`"),
     "ShardedDeviceArray": Report("JSE303", "`{shown}`: `ShardedDeviceArray` was removed from JAX; "
                                  + _SDA),
-    "KeyArray": Report("JSE303", "`{shown}`: `KeyArray` was removed from JAX; use `jax.Array` "
-                       "(a key array is one)"),
+    "KeyArray": Report("JSE303", "`{shown}`: `KeyArray` was removed from JAX; in an annotation "
+                       "use `jax.Array`; to test for a key array, "
+                       "`jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)`"),
 }
 """The removed array classes: in an annotation `--write` makes them `jax.Array`
 (an annotation claims no more than that); elsewhere (`isinstance`) they are
