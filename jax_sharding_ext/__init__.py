@@ -21,6 +21,7 @@ from jax_sharding_ext._array.shard_math import (
   get_shard_indices_replica_ids as get_shard_indices_replica_ids,
 )
 from jax_sharding_ext._array.shard_math import get_shard_shape as get_shard_shape
+from jax_sharding_ext._current_mesh import current_mesh as current_mesh
 from jax_sharding_ext._dispatch.donation import donation_vector as donation_vector
 from jax_sharding_ext._dispatch.donation import rebase_donate_argnums as rebase_donate_argnums
 from jax_sharding_ext._dispatch.output import (
@@ -53,6 +54,7 @@ __all__ = [
   "PartitionSpec",
   "Shard",
   "TransferRecord",
+  "current_mesh",
   "declare_effect",
   "donation_vector",
   "effects_barrier",

@@ -963,3 +963,46 @@ def test_imports_of_removed_names_nothing_uses_go():
   assert fixed == ("from jax.sharding import Mesh\nfrom jax.interpreters import pxla\n"
                    "from jax.interpreters.pxla import ShardingSpec\n"
                    "__all__ = ['ShardingSpec']\nMesh\n")
+
+
+# -- the legacy mesh's readers ------------------------------------------------------
+
+
+def test_current_mesh_reads_the_legacy_and_the_set_mesh_context(mesh_2d):
+  """The reader `--write` points `thread_resources.env` at: the mesh of either
+  context, inside `jit` too; an empty `Mesh` without one."""
+  assert jax_sharding_ext.current_mesh().empty
+  assert jax_sharding_ext.current_mesh().devices.shape == ()
+  seen = []
+
+  @jax.jit
+  def f(x):
+    seen.append(jax_sharding_ext.current_mesh())
+    return x
+
+  with jax.set_mesh(mesh_2d):
+    assert jax_sharding_ext.current_mesh() == mesh_2d
+    f(1.0)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # `with mesh:` is deprecated
+    with mesh_2d:
+      assert jax_sharding_ext.current_mesh() == mesh_2d
+  assert seen == [mesh_2d]
+
+
+def test_reads_of_the_legacy_mesh_become_current_mesh():
+  source = ("import jax\nfrom jax.experimental import maps\nfrom jax.interpreters import pxla\n"
+            "def defined():\n  env = jax.experimental.maps.thread_resources.env\n"
+            "  return env.physical_mesh.devices.shape != (), env.shape\n"
+            "def names():\n  return (pxla.thread_resources.env.physical_mesh.axis_names,\n"
+            "          maps.thread_resources.env.shape)\n"
+            "def loops():\n  env = pxla.thread_resources.env\n  return env.loops\n")
+  fixed = assert_port_invariants(source)
+  assert fixed == (
+      "import jax\nimport jax_sharding_ext\nfrom jax.interpreters import pxla\n"
+      "def defined():\n  env = jax_sharding_ext.current_mesh()\n"
+      "  return env.devices.shape != (), env.shape\n"
+      "def names():\n  return (jax_sharding_ext.current_mesh().axis_names,\n"
+      "          jax_sharding_ext.current_mesh().shape)\n"
+      "def loops():\n  env = pxla.thread_resources.env\n  return env.loops\n")
+  assert [(f.code, f.line) for f in port.check(fixed)] == [("JSE308", 11)]

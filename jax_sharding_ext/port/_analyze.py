@@ -19,7 +19,16 @@ from __future__ import annotations
 import ast
 from typing import cast
 
-from jax_sharding_ext.port import _imports, _jaxnames, _names, _reports, _rules, _scope, _values
+from jax_sharding_ext.port import (
+    _imports,
+    _jaxnames,
+    _mesh_env,
+    _names,
+    _reports,
+    _rules,
+    _scope,
+    _values,
+)
 from jax_sharding_ext.port._context import Context, is_jax
 from jax_sharding_ext.port._imports import Note, Plan
 from jax_sharding_ext.port._source import Edit
@@ -100,8 +109,13 @@ class _Uses:
                    scope: _scope.Scope) -> bool:
     """Judges a JAX symbol no import rewrite reaches; True when renamed."""
     ctx = self.ctx
+    if _mesh_env.environment(ctx, node, symbol, scope):
+      return True
     rename = _rules.rename_for(symbol)
     found = _reports.report_for(symbol)
+    mesh_read = _mesh_env.read(symbol)
+    if mesh_read is not None:
+      rename = ("JSE308", *mesh_read)
     if (found is not None and found[0].rpartition(".")[2] in _reports.ARRAY_TYPES
         and id(node) in ctx.walk.annotated):  # an annotation claims no more than `jax.Array`
       rename = (found[1].code, found[0], "jax.Array")
@@ -149,6 +163,8 @@ class _Uses:
 
 
 def _rename_message(code: str, shown: str, prefix: str, symbol: str, target: str) -> str:
+  if code == "JSE308":
+    return _reports.JSE308_READ.format(shown=shown, new=target)
   if code == "JSE305":
     return _reports.JSE305.format(shown=shown, new=target)
   if code == "JSE203":

@@ -36,11 +36,9 @@ _MAPS_GONE = ("module `jax.experimental.maps` was removed from JAX (`Mesh` is `j
               "`xmap` is `jax.shard_map`)")
 THREAD_RESOURCES = (
     "`{shown}` reads the mesh of a legacy `with mesh:` only, and is empty under "
-    "`with jax.set_mesh(mesh):` (what --write makes of `with mesh:`, and what today's flax and "
-    "`jax.sharding.get_abstract_mesh()` read); use `jax.sharding.get_abstract_mesh()` (works "
-    "inside `jit`; `.empty` without a mesh; `.shape`, `.axis_names`) or, outside `jit`, "
-    "`jax.sharding.get_mesh()` for the `Mesh` and its devices, with every `with mesh:` "
-    "around it written `with jax.set_mesh(mesh):`")
+    "`with jax.set_mesh(mesh):` (what --write makes of `with mesh:`); read the mesh with "
+    "`jax_sharding_ext.current_mesh()`, which sees both (inside `jit` too; an empty `Mesh` "
+    "without one)")
 
 
 def _removed(old: str, new: str, code: str = "JSE307") -> Report:
@@ -152,6 +150,9 @@ JSE306 = "`{shown}`: `{old}` was removed from JAX; use `{new}`"
 JSE307_MISSING = ("`{shown}` was removed from JAX, and this package's `{module}` has no "
                   "`{name}`")
 JSE308_CALL = ("`{shown}`: `jax.experimental.maps.mesh` was removed from JAX; use `{new}`")
+JSE308_READ = ("`{shown}` reads the mesh of a legacy `with mesh:` only, and is empty under "
+               "`with jax.set_mesh(mesh):` (what --write makes of `with mesh:`); use `{new}`, "
+               "which reads both")
 JSE309 = ("module `jax.config` was removed from JAX; `from jax import config` is the same "
           "object (or use `jax.config`)")
 JSE310 = ("`{shown}(..., axis_resources=...)`: the keyword is `shardings` in today's "
