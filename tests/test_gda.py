@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_sharding_ext import GlobalDeviceArray, Shard, get_shard_indices
@@ -266,3 +266,72 @@ def test_trailing_nones_survive_to_jax_array_and_back(mesh_2d, mesh_axes):
   back = GlobalDeviceArray.from_jax_array(gda.to_jax_array())
   assert back.mesh_axes == expected and back.sharding == stock.sharding
   np.testing.assert_array_equal(np.asarray(back), data)
+
+
+# ---------------------------------------------------------------------------
+# Meshes no array can live on: a clear error from every entry point.
+# ---------------------------------------------------------------------------
+
+_ENTRIES = ("from_callback", "from_batched_callback", "from_batched_callback_with_devices",
+            "constructor", "get_shard_indices", "get_shard_indices_replica_ids",
+            "get_shard_shape")
+
+
+def _call(entry, shape, mesh, spec):
+  import jax_sharding_ext as jse
+  data = _global(shape)
+  if entry == "constructor":
+    return GlobalDeviceArray(shape, mesh, spec, [jax.device_put(data, jax.devices()[0])])
+  if entry == "from_callback":
+    return GlobalDeviceArray.from_callback(shape, mesh, spec, lambda i: data[i])
+  if entry == "from_batched_callback":
+    return GlobalDeviceArray.from_batched_callback(shape, mesh, spec,
+                                                   lambda ix: [data[i] for i in ix])
+  if entry == "from_batched_callback_with_devices":
+    return GlobalDeviceArray.from_batched_callback_with_devices(
+        shape, mesh, spec, lambda es: [jax.device_put(data[i], d) for i, ds in es for d in ds])
+  return getattr(jse, entry)(shape, mesh, spec)
+
+
+@pytest.mark.parametrize("entry", _ENTRIES)
+@pytest.mark.parametrize("spec", [P("x"), P()], ids=str)
+def test_a_mesh_listing_a_device_twice_is_refused(devices, entry, spec):
+  """Stock `jax.make_array_from_callback` refuses a split over it (with a
+  bare XLA error), `jax.device_put` and `jax.jit` any use. The GDA was built:
+  the two shards meant for the device shared one buffer, and half the
+  array's value was uninitialised memory."""
+  mesh = Mesh(np.array([devices[5], devices[5]]), ("x",))
+  with pytest.raises(ValueError, match=r"`global_mesh` lists device .*5.* more than once"):
+    _call(entry, (4, 2), mesh, spec)
+
+
+@pytest.mark.parametrize("entry", _ENTRIES)
+@pytest.mark.parametrize("shape", [(0, 2), (2, 0)])
+def test_a_mesh_with_no_devices_is_refused(entry, shape):
+  """Stock raises `ZeroDivisionError` for the same mesh (and aborts the
+  process for a replicated array); so did the GDA, or an `IndexError`."""
+  mesh = Mesh(np.empty(shape, dtype=object), ("x", "y"))
+  for spec in (P("x"), P()):
+    with pytest.raises(ValueError, match="`global_mesh` has no devices"):
+      _call(entry, (4,), mesh, spec)
+
+
+@pytest.mark.parametrize("entry", _ENTRIES)
+def test_a_mesh_naming_an_axis_twice_is_refused(devices, entry):
+  """Stock `jax.make_array_from_callback` fails with a bare XLA
+  `INVALID_ARGUMENT` (so did the GDA); `Mesh` accepts the names."""
+  mesh = Mesh(np.array(devices[:4]).reshape(2, 2), ("x", "x"))
+  for spec in (P("x"), P()):
+    with pytest.raises(ValueError, match="`global_mesh` has the axis name 'x' more than once"):
+      _call(entry, (4,), mesh, spec)
+
+
+@pytest.mark.parametrize("entry", _ENTRIES)
+@pytest.mark.parametrize("items", [[0, 1], ["cpu:0", "cpu:1"], "mixed"], ids=str)
+def test_a_mesh_of_device_ids_or_names_is_a_type_error(devices, entry, items):
+  """Stock raises `AttributeError: 'numpy.int64' object has no attribute
+  'process_index'` (so did the GDA; its shard math keyed results by the ids)."""
+  arr = np.array([devices[0], 1], dtype=object) if items == "mixed" else np.array(items)
+  mesh = Mesh(arr, ("x",))
+  with pytest.raises(TypeError, match=r"`global_mesh` holds .* where a device belongs"):
+    _call(entry, (4,), mesh, P("x"))

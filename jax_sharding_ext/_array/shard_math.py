@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
@@ -198,8 +199,10 @@ def layout(global_shape: Any, mesh: Any, mesh_axes: MeshAxes) -> Layout:
   cache: shapes become tuples of ints and `mesh_axes` a canonical tuple first.
 
   Raises:
-    TypeError: a wrong type for any argument.
-    ValueError: a shape and mesh axes that do not fit the mesh.
+    TypeError: a wrong type for any argument (a mesh over something other
+      than devices too).
+    ValueError: a shape and mesh axes that do not fit the mesh, or a mesh no
+      array can live on (`check_mesh`).
   """
   shape = canonical_shape(global_shape)
   if not isinstance(mesh, Mesh):
@@ -208,8 +211,49 @@ def layout(global_shape: Any, mesh: Any, mesh_axes: MeshAxes) -> Layout:
   return _layout(shape, mesh, canonical_mesh_axes(mesh_axes))
 
 
+def check_mesh(mesh: Mesh) -> None:
+  """Refuse a mesh no array can live on, naming what is wrong with it.
+
+  Stock `Mesh` accepts these, and what follows fails deep inside JAX
+  (`ZeroDivisionError`, an XLA `INVALID_ARGUMENT`, an `AttributeError`), or
+  worse: on a mesh that lists a device twice, the two shards meant for it
+  share one buffer and the array's value is partly uninitialised memory.
+
+  Raises:
+    ValueError: no devices, an axis name used twice, a device listed twice.
+    TypeError: something other than a `jax.Device` where a device belongs.
+  """
+  devices, names = mesh.devices, tuple(mesh.axis_names)
+  if devices.size == 0:
+    raise ValueError(
+        f"`global_mesh` has no devices (its devices array has shape {devices.shape}); an "
+        "array needs at least one. Build the mesh over devices, e.g. "
+        "`Mesh(np.array(jax.devices()), ('x',))`.")
+  twice = [n for i, n in enumerate(names) if n in names[:i]]
+  if twice:
+    raise ValueError(
+        f"`global_mesh` has the axis name {twice[0]!r} more than once (axis names "
+        f"{names}); each mesh axis needs its own name, e.g. `Mesh(devices, ('x', 'y'))`.")
+  flat = list(devices.flat)
+  for d in flat:
+    if not isinstance(d, jax.Device):
+      raise TypeError(
+          f"`global_mesh` holds {d!r} ({type(d).__name__}) where a device belongs; "
+          "a mesh is built over `jax.Device` objects, not device ids or names: e.g. "
+          f"`Mesh(np.array(jax.devices()[:{devices.size}]).reshape({devices.shape}), "
+          f"{names})`.")
+  if len(set(flat)) != len(flat):
+    again = next(d for i, d in enumerate(flat) if d in flat[:i])
+    raise ValueError(
+        f"`global_mesh` lists device {again} more than once (devices "
+        f"{[d.id for d in flat]}); each device may appear once in a mesh, so that each "
+        "shard has its own buffer. Build the mesh over distinct devices, e.g. "
+        "`jax.devices()`.")
+
+
 @functools.lru_cache(maxsize=4096)
 def _layout(shape: Shape, mesh: Mesh, axes_key: tuple[Any, ...]) -> Layout:
+  check_mesh(mesh)  # once per cache entry
   axes = normalize_mesh_axes(shape, mesh, axes_key)
   names = tuple(mesh.axis_names)
   sizes = tuple(mesh.devices.shape)
