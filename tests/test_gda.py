@@ -217,7 +217,7 @@ class TestBadInput:
   def test_buffers_mismatched_dtypes(self, mesh_2d):
     bufs = [jax.device_put(np.zeros((2, 1), np.float32 if k else np.int32), d)
             for k, d in enumerate(mesh_2d.local_devices)]
-    with pytest.raises(ValueError, match="matching dtypes"):
+    with pytest.raises(ValueError, match="matching dtypes, .* in `device_buffers`"):
       GlobalDeviceArray((8, 2), mesh_2d, P("x", "y"), bufs)
 
   def test_buffers_not_arrays(self, mesh_2d):
@@ -335,3 +335,115 @@ def test_a_mesh_of_device_ids_or_names_is_a_type_error(devices, entry, items):
   mesh = Mesh(arr, ("x",))
   with pytest.raises(TypeError, match=r"`global_mesh` holds .* where a device belongs"):
     _call(entry, (4,), mesh, P("x"))
+
+
+# ---------------------------------------------------------------------------
+# Callback results and buffers that are other arrays.
+# ---------------------------------------------------------------------------
+
+
+def _callback(entry, shape, mesh, spec, value):
+  if entry == "from_callback":
+    return GlobalDeviceArray.from_callback(shape, mesh, spec, value)
+  return GlobalDeviceArray.from_batched_callback(shape, mesh, spec,
+                                                 lambda ix: [value(i) for i in ix])
+
+
+@pytest.mark.parametrize("entry", ["from_callback", "from_batched_callback"])
+@pytest.mark.parametrize("source", ["same_mesh", "replicated", "other_devices", "gda"])
+def test_callback_arrays_over_several_devices_build_stocks_array(mesh_2d, devices, entry,
+                                                                 source):
+  """Stock `jax.make_array_from_callback` builds these (it puts a
+  multi-device value on its device first); the GDA raised jaxlib's
+  `device_put expects an array with exactly one shard`, or for a GDA result
+  `The C++ jax jit execution path, only accepts DeviceArray`."""
+  data = _global((8, 2))
+  other = Mesh(np.array(devices[:2]), ("o",))
+  x = {"same_mesh": lambda: jax.device_put(data, NamedSharding(mesh_2d, P("x", "y"))),
+       "replicated": lambda: jax.device_put(data, NamedSharding(mesh_2d, P())),
+       "other_devices": lambda: jax.device_put(data, NamedSharding(other, P("o"))),
+       "gda": lambda: GlobalDeviceArray.from_callback((8, 2), other, P(), lambda i: data[i]),
+       }[source]()
+  stock = jax.make_array_from_callback((8, 2), NamedSharding(mesh_2d, P("x")),
+                                       lambda i: jnp.asarray(x)[i])
+  gda = _callback(entry, (8, 2), mesh_2d, P("x"), lambda i: x[i])
+  assert gda.sharding == stock.sharding
+  np.testing.assert_array_equal(np.asarray(gda), np.asarray(stock))
+  np.testing.assert_array_equal(np.asarray(gda), data)
+
+
+def test_a_multi_device_result_after_a_single_device_one_builds_too(mesh_2d):
+  """Stock looks only at the first value (and fails on this with a bare XLA
+  error); every value is put on its device, whatever comes first."""
+  data = _global((8, 2))
+  spread = jax.device_put(data, NamedSharding(mesh_2d, P("x")))
+  gda = GlobalDeviceArray.from_callback(
+      (8, 2), mesh_2d, P("x"), lambda i: data[i] if i[0].start == 0 else spread[i])
+  np.testing.assert_array_equal(np.asarray(gda), data)
+
+
+def test_callback_arrays_over_several_devices_move_as_device_to_device(mesh_2d, devices):
+  """Placing a value that spans devices is an explicit device_to_device
+  transfer (stock's `jax.device_put`): judged by the guard before anything
+  moves, one ledger record of the bytes written. A fully replicated value
+  with a copy on the device moves nothing: that copy becomes the shard."""
+  import jax_sharding_ext as jse
+  data = _global((8, 2))
+  other = Mesh(np.array(devices[:2]), ("o",))
+  elsewhere = {k: jax.device_put(data[k * 2:k * 2 + 2], NamedSharding(other, P("o")))
+               for k in range(4)}
+
+  def cb(i):
+    return elsewhere[i[0].start // 2]
+  with jse.transfer_ledger() as ledger:
+    gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x"), cb)
+  np.testing.assert_array_equal(np.asarray(gda), data)
+  (record,) = ledger.records
+  assert (record.direction, record.explicit, record.nbytes) == (
+      "device_to_device", True, 8 * data[:2].nbytes)
+  assert record.dst == tuple(mesh_2d.local_devices)
+  assert set(record.src) == set(devices[:2])
+  with jax.transfer_guard_device_to_device("disallow_explicit"), pytest.raises(
+      jax.errors.JaxRuntimeError, match="device-to-device"):
+    GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x"), cb)
+
+  replicated = jax.device_put(data, NamedSharding(mesh_2d, P()))
+  with jse.transfer_ledger() as ledger, jax.transfer_guard("disallow_explicit"):
+    gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, P(), lambda i: replicated[i])
+  assert ledger.records == []
+  assert _ptrs(gda._device_buffers) == _ptrs([s.data for s in replicated.addressable_shards])
+
+
+@pytest.mark.parametrize("entry", ["from_callback", "from_batched_callback"])
+def test_a_deleted_array_from_the_callback_is_refused(mesh_2d, entry):
+  """Stock `jax.make_array_from_callback` returns a deleted replicated result
+  itself (a deleted array); the GDA refuses it, naming the callback."""
+  data = _global((8, 2))
+  gone = jax.device_put(data, NamedSharding(mesh_2d, P()))
+  gone.delete()
+  with pytest.raises(RuntimeError, match="`data_callback` returned a deleted or donated"):
+    _callback(entry, (8, 2), mesh_2d, P(), lambda i: gone)
+
+
+def test_a_gda_over_one_device_is_a_constructor_buffer(mesh_2d):
+  """A GDA is a `jax.Array`: stock `make_array_from_single_device_arrays`
+  takes the same buffers as `jax.Array`s; the GDA's constructor raised
+  stock's `Unsupported type for elements in arrays`."""
+  data = _global((8, 2))
+  idx = get_shard_indices((8, 2), mesh_2d, P("x"))
+  bufs = [GlobalDeviceArray.from_jax_array(jax.device_put(
+      data[idx[d]], NamedSharding(Mesh(np.array([d]), ("one",)), P())))
+      for d in mesh_2d.local_devices]
+  for gda in (GlobalDeviceArray((8, 2), mesh_2d, P("x"), bufs),
+              GlobalDeviceArray.from_batched_callback_with_devices(
+                  (8, 2), mesh_2d, P("x"), lambda entries: bufs)):
+    np.testing.assert_array_equal(np.asarray(gda), data)
+    assert _ptrs(gda._device_buffers) == _ptrs(b.to_jax_array() for b in bufs)
+
+
+def test_with_devices_errors_name_the_callback(mesh_2d):
+  data = _global((8, 2))
+  with pytest.raises(TypeError, match=r"`data_callback` of `from_batched_callback_with_"
+                                      r"devices` must return .*`device_buffers\[0\]`"):
+    GlobalDeviceArray.from_batched_callback_with_devices(
+        (8, 2), mesh_2d, P("x"), lambda entries: [data[i] for i, ds in entries for _ in ds])

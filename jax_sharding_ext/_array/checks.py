@@ -10,8 +10,10 @@ import jax
 from jax_sharding_ext._jax import tables as jax_tables
 
 
-def check_buffers(lay, mesh, mesh_axes, buffers) -> None:
-  """Validate constructor `device_buffers`, naming the first bad one."""
+def check_buffers(lay, mesh, mesh_axes, buffers) -> list[jax.Array]:
+  """Validate constructor `device_buffers`, naming the first bad one; return
+  them as stock `jax.Array`s (a GDA over one device hands over its own,
+  zero-copy: stock's constructor takes only those)."""
   if isinstance(buffers, (str, bytes)) or not isinstance(buffers, Sequence):
     raise TypeError(
         "`device_buffers` must be a list of single-device `jax.Array`s, one per "
@@ -25,6 +27,7 @@ def check_buffers(lay, mesh, mesh_axes, buffers) -> None:
         f"shards, but got {len(buffers)} buffers on devices {got}. Pass one buffer "
         "per device in `global_mesh.local_devices` order, or build it with "
         "`GlobalDeviceArray.from_callback(...)`.")
+  arrays: list[jax.Array] = []
   for i, (b, d) in enumerate(zip(buffers, local_devices, strict=True)):
     if not isinstance(b, jax.Array) or isinstance(b, jax.core.Tracer):
       raise TypeError(
@@ -32,6 +35,9 @@ def check_buffers(lay, mesh, mesh_axes, buffers) -> None:
           f"got {type(b).__name__}. Use `jax.device_put(x, device)` to place it.")
     if b.is_deleted():
       raise RuntimeError(f"`device_buffers[{i}]` has been deleted or donated.")
+    if type(b) is not jax_tables.ArrayImpl and hasattr(b, "__jax_array__"):
+      b = b.__jax_array__()  # a GDA
+    arrays.append(b)
     devs = b.sharding.device_set
     if len(devs) != 1:
       raise ValueError(
@@ -60,7 +66,8 @@ def check_buffers(lay, mesh, mesh_axes, buffers) -> None:
   if any(dt != dtypes_[0] for dt in dtypes_):
     raise ValueError(
         "Input arrays to `GlobalDeviceArray` must have matching dtypes, got "
-        f"{[str(dt) for dt in dtypes_]}.")
+        f"{[str(dt) for dt in dtypes_]} in `device_buffers`. Cast them to one dtype.")
+  return arrays
 
 
 def extended_dtype_error(dtype, what: str) -> str:

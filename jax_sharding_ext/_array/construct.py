@@ -22,6 +22,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jax_sharding_ext._array.checks import check_buffers
 from jax_sharding_ext._array.shard_math import Index, Layout, index_key, layout
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._transfers import moves
@@ -92,6 +93,7 @@ def _prepared(lay, mesh_axes, devices, indices, values) -> list[Any]:
   seen_types: set[type] = set()
   seen_dtypes: dict[Any, bool] = {}  # dtype -> needs canonicalising
   dtype = None
+  array_t = jax_tables.ArrayImpl
   out = []
   for i, v in enumerate(values):
     t = type(v)
@@ -104,6 +106,13 @@ def _prepared(lay, mesh_axes, devices, indices, values) -> list[Any]:
         v = np.asarray(v)
       else:
         seen_types.add(t)
+    if t is not np.ndarray and isinstance(v, jax.Array):
+      if v.is_deleted():  # (stock may hand such an array back as its result)
+        raise RuntimeError(
+            f"`data_callback` returned a deleted or donated `jax.Array` for index "
+            f"{indices[i]}; return data that is still alive.")
+      if t is not array_t and hasattr(v, "__jax_array__"):  # a GDA: its `jax.Array`,
+        v = v.__jax_array__()  # zero-copy (jaxlib places only those)
     dt = v.dtype
     convert = seen_dtypes.get(dt)
     if convert is None:
@@ -138,6 +147,20 @@ def by_index(devices: Sequence[Any], indices: Sequence[Index]
   for d, idx in zip(devices, indices, strict=True):
     groups.setdefault(index_key(idx), (idx, []))[1].append(d)
   return [(idx, tuple(devs)) for idx, devs in groups.values()]
+
+
+def device_arrays(lay: Layout, mesh: Mesh, mesh_axes: Any, devices: Sequence[Any],
+                  arrays: Any) -> list[jax.Array]:
+  """What a `from_batched_callback_with_devices` callback returned, in
+  `devices` order and checked as constructor buffers; an error names the
+  callback."""
+  try:
+    return check_buffers(lay, mesh, mesh_axes, in_device_order(arrays, devices))
+  except (TypeError, ValueError, RuntimeError) as e:
+    raise type(e)(
+        "`data_callback` of `from_batched_callback_with_devices` must return one "
+        "single-device `jax.Array` per local device (its shard there), but what it "
+        f"returned cannot be the GDA's buffers: {e}") from None
 
 
 def in_device_order(arrays: Any, devices: Sequence[Any]) -> Any:

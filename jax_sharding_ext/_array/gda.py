@@ -86,9 +86,9 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
   def __init__(self, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
                device_buffers: Sequence[jax.Array]):
     lay = layout(global_shape, global_mesh, mesh_axes)
-    check_buffers(lay, global_mesh, mesh_axes, device_buffers)
+    buffers = check_buffers(lay, global_mesh, mesh_axes, device_buffers)
     arr = jax.make_array_from_single_device_arrays(
-        lay.shape, construct.named_sharding(global_mesh, lay.spec), list(device_buffers))
+        lay.shape, construct.named_sharding(global_mesh, lay.spec), buffers)
     self._init(arr, global_mesh, mesh_axes)
     # The buffers stay the caller's too (and whatever array they are shards of).
     family.mark_shared(self)
@@ -221,11 +221,12 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
         and returns the data there, as any array-like (numpy, `jax.Array`,
         nested lists). It is called for every local device, replicas included.
 
-    A `jax.Array` already on its device is adopted without a copy (as by
-    stock `jax.make_array_from_callback`): the GDA then shares its buffers
-    with that array, and one call cannot donate the one while passing the
-    other. On CPU devices jaxlib may adopt a suitably aligned numpy array returned
-    by the callback as the device buffer instead of copying it (as stock
+    A `jax.Array` with a copy on its device is adopted without a copy (one
+    spanning other devices is moved there first), as by stock
+    `jax.make_array_from_callback`: the GDA then shares its buffers with that
+    array, and one call cannot donate the one while passing the other. On CPU
+    devices jaxlib may adopt a suitably aligned numpy array returned by the
+    callback as the device buffer instead of copying it (as stock
     `jax.make_array_from_callback` and `jax.device_put` do), so do not modify
     the returned memory afterwards; return a copy if you reuse the buffer.
     """
@@ -271,7 +272,8 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     construct.require_callable(data_callback, "data_callback")
     lay, devices, indices = construct.placement(global_shape, global_mesh, mesh_axes)
     arrays = data_callback(construct.by_index(devices, indices))
-    return cls(lay.shape, global_mesh, mesh_axes, construct.in_device_order(arrays, devices))
+    return cls(lay.shape, global_mesh, mesh_axes,
+               construct.device_arrays(lay, global_mesh, mesh_axes, devices, arrays))
 
   # -- attributes ---------------------------------------------------------------
 

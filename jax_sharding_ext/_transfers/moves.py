@@ -5,7 +5,7 @@ Every transfer a `GlobalDeviceArray` makes goes through a function here:
 * `place_host_shards`: host data from the `from_callback` /
   `from_batched_callback` constructors onto the local devices (explicit,
   host_to_device; device_to_device for a callback value that is a
-  `jax.Array` on another device);
+  `jax.Array` with no copy on its device);
 * `shard_arrays`: called by the GDA's `shard_arg_handlers` entry
   (`_dispatch/handlers.py`) for `jax.jit` arguments (no copy when the
   sharding already matches: not a transfer; implicit device_to_device when
@@ -55,17 +55,23 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
   """Place one value per local device (host or device data) as one `jax.Array`.
 
   An explicit transfer (the `from_callback` family): host values are
-  host_to_device, a `jax.Array` value on another device is device_to_device,
-  one already on its device does not move.
+  host_to_device, a `jax.Array` value elsewhere is device_to_device, one
+  already on its device does not move: a single-device array there is
+  adopted, a fully replicated one hands over its copy there. A `jax.Array`
+  over several devices is first put on its device, as stock
+  `jax.make_array_from_callback` does (jaxlib places single-device arrays
+  only).
   """
   h2d: Sequence[int]
   d2d: Sequence[int]
+  spread = False
   if _all_host_data(values):  # the usual case: numpy data from the callback
     h2d, d2d = range(len(values)), ()
   else:
     h2d = [i for i, v in enumerate(values) if not isinstance(v, jax.Array)]
     d2d = [i for i, v in enumerate(values)
            if isinstance(v, jax.Array) and not _already_on(v, devices[i])]
+    spread = any(isinstance(v, jax.Array) and v.sharding.num_devices > 1 for v in values)
   recording = ledger.open_count
   levels = []
   for direction, idx in ((H2D, h2d), (D2D, d2d)):
@@ -76,7 +82,7 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
   if not levels:
     # Nothing to judge, log or record, and jaxlib (which would call this
     # placement implicit) has nothing to judge either.
-    return jax_tables.batched_device_put(shape, dtype, sharding, values, devices)
+    return _place(shape, dtype, sharding, values, devices, spread)
   itemsize = np.dtype(dtype).itemsize
   moves = []
   for direction, idx, level in levels:
@@ -89,7 +95,14 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
                       sum(math.prod(np.shape(values[i])) for i in idx) * itemsize,
                       src, tuple(devices[i] for i in idx), act))
   with guarded(moves):
-    return jax_tables.batched_device_put(shape, dtype, sharding, values, devices)
+    return _place(shape, dtype, sharding, values, devices, spread)
+
+
+def _place(shape, dtype, sharding, values, devices, spread: bool):
+  if spread:  # each array over several devices put on its device (judged already)
+    values = [jax.device_put(v, d) if isinstance(v, jax.Array) and v.sharding.num_devices > 1
+              else v for v, d in zip(values, devices, strict=True)]
+  return jax_tables.batched_device_put(shape, dtype, sharding, values, devices)
 
 
 def has_device_values(values: Sequence[Any]) -> bool:
@@ -243,9 +256,11 @@ def _fetch_always_allowed(arr) -> bool:
 
 
 def _already_on(v, device) -> bool:
-  """`pxla.batched_device_put`'s test for a value that needs no copy."""
+  """True when placing `v` on `device` copies nothing: a single-device array
+  there (`pxla.batched_device_put`'s test), or a fully replicated one with a
+  copy there (`jax.device_put` hands that copy over)."""
   s = v.sharding
-  return s.num_devices == 1 and device in s.device_set
+  return device in s.device_set and (s.num_devices == 1 or s.is_fully_replicated)
 
 
 def _devices_of(v) -> tuple:
