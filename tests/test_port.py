@@ -297,6 +297,31 @@ CASES = {
                      [("JSE108", 1), ("JSE307", 2)]),
     "a lock named mesh": ("import threading\nimport jax\nmesh = threading.Lock()\n"
                           "with mesh:\n  pass\n", []),
+    "a name this package provides, from a private home": (
+        "from jax._src.config import parallel_functions_output_gda\n", [("JSE109", 1)]),
+    "GDA attributes of a jit output, the output flag never on": (
+        "import jax\nf = jax.jit(g)\nout = f(x)\nout.local_shards, out.mesh_axes, y.mesh_axes\n",
+        [("JSE208", 4), ("JSE208", 4)]),
+    "GDA attributes of a jit output, the output flag on": (
+        "import jax\nimport jax_sharding_ext\n"
+        "jax.config.update('jax_parallel_functions_output_gda', True)\n"
+        "out = jax.jit(g)(x)\nout.local_shards, out.mesh_axes\n", []),
+    "GDA attributes of a pmap output": (
+        "import jax\nimport jax_sharding_ext\n"
+        "jax.config.update('jax_parallel_functions_output_gda', True)\n"
+        "out = jax.pmap(g)(x)\nout.local_shards\n", [("JSE208", 5)]),
+    "a ShardedDeviceArray's attributes": (
+        "import jax\np = jax.pmap(f)(x)\n"
+        "p.sharding_spec, p.indices, x.one_replica_buffer_indices, y.indices, p.to_py()\n",
+        [("JSE314", 3)] * 4),
+    "distributed initialize after a computation": (
+        "import jax\nimport jax.numpy as jnp\nx = jnp.zeros(3)\njax.distributed.initialize()\n"
+        "def main():\n  if jax.process_index() == 0:\n    pass\n  jax.distributed.initialize()\n",
+        [("JSE209", 4), ("JSE209", 8)]),
+    "distributed initialize first": (
+        "import jax\nimport jax.numpy as jnp\njax.config.update('jax_enable_x64', True)\n"
+        "step = jax.jit(lambda x: x)\njax.distributed.initialize()\nx = step(jnp.zeros(3))\n",
+        []),
     "shadowed names": ("from jax.experimental.pjit import pjit\ndef f(pjit, jax):\n"
                        "  return pjit, jax.tree_map\nclass C:\n  jax = None\n",
                        [("JSE103", 1)]),

@@ -24,6 +24,7 @@ from jax_sharding_ext.port import (
     _jaxnames,
     _mesh_env,
     _names,
+    _order,
     _reports,
     _rules,
     _scope,
@@ -240,6 +241,7 @@ def analyze(tree: ast.Module, ctx: Context) -> None:
   for node, parts, scope in walk.uses:
     uses.judge(node, parts, scope)
   _values.judge_values(ctx)
+  _order.judge(ctx)
   drops = _drops(ctx, uses)
   for stmt in walk.imports:
     if id(stmt.node) in drops:

@@ -15,7 +15,7 @@ import dataclasses
 import warnings
 from typing import cast
 
-from jax_sharding_ext.port import _align, _analyze, _files, _scope, _source, _values
+from jax_sharding_ext.port import _align, _analyze, _arrays, _files, _scope, _source, _values
 from jax_sharding_ext.port._context import Context, Fixed
 from jax_sharding_ext.port._finding import Finding
 from jax_sharding_ext.port._imports import Note
@@ -52,7 +52,7 @@ def context(text: str, path: str, tree: ast.Module | None = None,
             project: Project | None = None) -> Context:
   """What the rules read of one module (nothing judged yet)."""
   tree = tree if tree is not None else parse(text, path)
-  walk = _scope.walk(tree, _analyze.dead_try, _values.WATCHED)
+  walk = _scope.walk(tree, _analyze.dead_try, _values.WATCHED | _arrays.watched())
   return Context(tree, Text(text), walk, path, project)
 
 

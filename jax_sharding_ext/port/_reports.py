@@ -143,6 +143,13 @@ JSE206_DECORATOR = (
     "`with jax.set_mesh({mesh}):`")
 JSE207 = ("GDA-era orbax code: without `jax_sharding_ext.orbax_support` imported, orbax "
           "restores `jax.Array`s where it restored GDAs; add `import {module}`")
+JSE208 = ("`{shown}`: `.{attr}` is a `GlobalDeviceArray`'s; here the value is a `jax.Array` "
+          "(the output of `jax.jit` / `pjit` is a `GlobalDeviceArray` only with the output flag "
+          "on, which nothing in this code turns on; `jax.pmap` and `jax.device_put` give "
+          "`jax.Array`s), which has no `.{attr}`: {fix}")
+JSE209 = ("`{shown}(...)` runs after a JAX computation (`{first}(...)` runs first), which "
+          "starts JAX's backend; today's JAX then refuses to initialize (`RuntimeError`): "
+          "call `{shown}(...)` before any JAX computation, right after the imports")
 JSE305 = ("`{shown}` is stock `jax.experimental.pjit.pjit`, deprecated and no longer taking "
           "`in_axis_resources` / `out_axis_resources` / `FROM_GDA`; use this package's "
           "legacy `{new}`")
@@ -153,6 +160,8 @@ JSE308_CALL = ("`{shown}`: `jax.experimental.maps.mesh` was removed from JAX; us
 JSE308_READ = ("`{shown}` reads the mesh of a legacy `with mesh:` only, and is empty under "
                "`with jax.set_mesh(mesh):` (what --write makes of `with mesh:`); use `{new}`, "
                "which reads both")
+JSE314 = ("`{shown}`: `.{attr}` was an attribute of the removed `DeviceArray` / "
+          "`ShardedDeviceArray`; a `jax.Array` has none (`AttributeError`): {new}")
 JSE309 = ("module `jax.config` was removed from JAX; `from jax import config` is the same "
           "object (or use `jax.config`)")
 JSE310 = ("`{shown}(..., axis_resources=...)`: the keyword is `shardings` in today's "
@@ -172,6 +181,8 @@ CODES = {
     "JSE106": "`gda_serialization.serialization`: import this package's `serialization`",
     "JSE107": "`with_sharding_constraint` from `jax.experimental.pjit`: import it from `jax.lax`",
     "JSE108": "`from <GDA-era module> import *`: import the names it no longer provides",
+    "JSE109": "a name JAX removed that this package provides "
+              "(`parallel_functions_output_gda`, ...): import it from this package",
     "JSE201": "reads `jax_array` / `jax_parallel_functions_output_gda`: import this package",
     "JSE202": "sets an option this package defines: import this package first",
     "JSE203": "stock `multihost_utils` reached through a module: this package's",
@@ -179,6 +190,9 @@ CODES = {
     "JSE205": "`x._device_buffers`: a GDA's only; `[s.data for s in x.addressable_shards]`",
     "JSE206": "a `Mesh` used as a decorator: call the function inside `with jax.set_mesh(mesh):`",
     "JSE207": "GDA-era orbax code: import `jax_sharding_ext.orbax_support`",
+    "JSE208": "a `GlobalDeviceArray` attribute of a `jax.Array` (a jit output with the output "
+              "flag never on): `.addressable_shards` / `.addressable_data(i)`, or the flag",
+    "JSE209": "`jax.distributed.initialize()` after a JAX computation: call it first",
     "JSE301": "`jax.tree_map` and the other `jax.tree_*` aliases: `jax.tree_util.tree_*`",
     "JSE302": "`xmap` (and its config options): use `jax.shard_map`",
     "JSE303": "`DeviceArray` / `ShardedDeviceArray` / `KeyArray`: use `jax.Array`",
@@ -194,6 +208,8 @@ CODES = {
     "JSE311": "a name the installed JAX does not have",
     "JSE312": "`.device_buffers` / `.device_buffer`: `addressable_shards` / `addressable_data(0)`",
     "JSE313": "`x.device()`: `x.device`",
+    "JSE314": "`.sharding_spec` / `.indices` / `.to_py()` ... of the removed array classes: "
+              "today's spelling",
 }
 
 

@@ -20,7 +20,7 @@ import ast
 import re
 from typing import cast
 
-from jax_sharding_ext.port import _kinds, _reports, _rules, _scope
+from jax_sharding_ext.port import _arrays, _kinds, _reports, _rules, _scope
 from jax_sharding_ext.port._context import Context
 from jax_sharding_ext.port._source import Edit
 from jax_sharding_ext.port._source import shown as _shown_text
@@ -160,8 +160,6 @@ def _named_mesh(expr: ast.expr) -> bool:
 
 
 def _attribute(ctx: Context, node: ast.Attribute) -> None:
-  if node.attr in ctx.walk.defined:
-    return
   value, shown = ctx.shown(node.value), ctx.shown(node)
   start, value_end, end = ctx.text.start(node), ctx.text.end(node.value), ctx.text.end(node)
   if node.attr == "device_buffers":
@@ -217,6 +215,11 @@ def judge_values(ctx: Context) -> None:
     if isinstance(deco, ast.Name | ast.Attribute) and _mesh_value(ctx, deco, scope):
       mesh = ctx.shown(deco)
       ctx.note(deco, "JSE206", _reports.JSE206_DECORATOR.format(mesh=mesh))
-  for node, _ in ctx.walk.attrs:
-    _attribute(ctx, node)
+  for node, scope in ctx.walk.attrs:
+    if node.attr in ctx.walk.defined:
+      continue
+    if node.attr in WATCHED:
+      _attribute(ctx, node)
+    else:
+      _arrays.attribute(ctx, node, scope)
   _orbax(ctx)
