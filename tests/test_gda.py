@@ -447,3 +447,22 @@ def test_with_devices_errors_name_the_callback(mesh_2d):
                                       r"devices` must return .*`device_buffers\[0\]`"):
     GlobalDeviceArray.from_batched_callback_with_devices(
         (8, 2), mesh_2d, P("x"), lambda entries: [data[i] for i, ds in entries for _ in ds])
+
+
+def test_shard_data_follows_python_indexing(mesh_2d):
+  """`local_data(i)` indexes the local shards as a list does (the GDA era's
+  `_local_shards[i].data`), a bool and a numpy integer included, as stock
+  `jax.Array.addressable_data` takes them; errors name the method."""
+  data = _global((8, 2))
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x", "y"), lambda i: data[i])
+  stock = jax.device_put(data, gda.sharding)
+  for i in (True, False, np.int64(3), -1):
+    for got in (gda.local_data(i), gda.addressable_data(i)):
+      assert got.devices() == stock.addressable_data(i).devices()
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(stock.addressable_data(i)))
+  for method in ("local_data", "addressable_data"):
+    with pytest.raises(IndexError, match=rf"`{method}\(8\)` is out of range"):
+      getattr(gda, method)(8)
+    for bad in (1.0, None, "0", slice(0, 2)):
+      with pytest.raises(TypeError, match=f"`{method}`"):
+        getattr(gda, method)(bad)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +69,22 @@ def check_buffers(lay, mesh, mesh_axes, buffers) -> list[jax.Array]:
         "Input arrays to `GlobalDeviceArray` must have matching dtypes, got "
         f"{[str(dt) for dt in dtypes_]} in `device_buffers`. Cast them to one dtype.")
   return arrays
+
+
+def local_shard_data(shards: Sequence[Any], i: Any, method: str) -> jax.Array:
+  """`shards[i].data` by Python indexing of the local shards (a bool is an
+  int, as for a list and stock `jax.Array.addressable_data`), naming `method`."""
+  if isinstance(i, slice):
+    raise TypeError(f"`{method}` takes the int index of one local shard, got a slice; "
+                    "read several from `local_shards`.")
+  try:
+    k = operator.index(i)
+  except TypeError:
+    raise TypeError(f"`{method}` index must be an int, got {type(i).__name__}.") from None
+  if not -len(shards) <= k < len(shards):
+    raise IndexError(f"`{method}({i})` is out of range: this GlobalDeviceArray has "
+                     f"{len(shards)} local shards.")
+  return shards[k].data
 
 
 def extended_dtype_error(dtype, what: str) -> str:

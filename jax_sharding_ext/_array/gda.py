@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from jax_sharding_ext._array import construct, family
-from jax_sharding_ext._array.checks import check_buffers, extended_dtype_error
+from jax_sharding_ext._array.checks import check_buffers, extended_dtype_error, local_shard_data
 from jax_sharding_ext._array.records import FROM_SHARDING, GdaShape, Shard
 from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, layout, old_spec_repr
 from jax_sharding_ext._array.surface import _ArraySurface
@@ -365,18 +365,11 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
   def local_data(self, i: int) -> jax.Array:
     """The data of local shard `i` (Python indexing) as a single-device array."""
-    shards = self.local_shards
-    if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
-      raise TypeError(f"`local_data` index must be an int, got {type(i).__name__}.")
-    if not -len(shards) <= i < len(shards):
-      raise IndexError(
-          f"`local_data({i})` is out of range: this GlobalDeviceArray has "
-          f"{len(shards)} local shards.")
-    return cast(jax.Array, shards[i].data)  # a local shard always has its data
+    return local_shard_data(self.local_shards, i, "local_data")
 
   def addressable_data(self, index: int) -> Any:  # a single-device `jax.Array`
     """`jax.Array.addressable_data`: `local_data(index)`."""
-    return self.local_data(index)
+    return local_shard_data(self.local_shards, index, "addressable_data")
 
   @property
   def _device_buffers(self) -> list[jax.Array]:
