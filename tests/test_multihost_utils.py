@@ -8,6 +8,7 @@ harness.
 """
 
 import inspect
+import json
 import types
 from pathlib import Path
 
@@ -154,6 +155,59 @@ def test_a_local_batch_that_cannot_be_globalised_is_a_clear_value_error(
     multihost_utils.host_local_array_to_global_array(tree, mesh_2d, {"batch": spec})
 
 
+@pytest.mark.parametrize("fn", ["host_local_array_to_global_array",
+                                "global_array_to_host_local_array"])
+@pytest.mark.parametrize("mesh,pspecs,exc,stock_exc,match", [
+    ("none", P("x"), TypeError, AttributeError,
+     r"`global_mesh` must be a `jax.sharding.Mesh`, got a NoneType"),
+    ("devices", P("x"), TypeError, AttributeError,
+     r"`global_mesh` must be a `jax.sharding.Mesh`, got a list"),
+    ("mesh", "x", TypeError, AttributeError,
+     r"`pspecs` must be a `PartitionSpec` .* got a str \('x'\)"),
+    ("mesh", {"w": 3}, TypeError, AttributeError,
+     r"`pspecs`\['w'\] must be a `PartitionSpec` .* got a int \(3\)"),
+    ("mesh", P("x", "x"), ValueError, Exception,
+     r"`pspecs`\['w'\] P\('x', 'x'\) uses the mesh axes \['x'\] more than once"),
+    ("mesh", P("z"), ValueError, ValueError,
+     r"`pspecs`\['w'\] P\('z',\) names the mesh axes \['z'\], but `global_mesh` has the axes"),
+    ("mesh", P(None, None, "y"), ValueError, IndexError,
+     r"the pspec P\(None, None, 'y'\) partitions dimension 2, but the input \['w'\] of "
+     r"shape \(8, 2\) has rank 2"),
+])
+def test_conversions_name_the_argument_that_is_wrong(mesh_2d, fn, mesh, pspecs, exc, stock_exc,
+                                                     match):
+  """A `global_mesh` that is no `Mesh`, a spec that is no `PartitionSpec`,
+  uses an axis twice, names an axis the mesh lacks or partitions a dimension
+  beyond the rank: a TypeError / ValueError naming the argument. Stock
+  raises a bare AttributeError, IndexError or an exception of its own class
+  for most of these (only `host_local_array_to_global_array` reads them all
+  in one process: `global_array_to_host_local_array` returns a fully
+  addressable array unread)."""
+  mesh = {"none": None, "devices": list(mesh_2d.devices.flat), "mesh": mesh_2d}[mesh]
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  tree = {"w": jax.device_put(x, NamedSharding(mesh_2d, P("x")))
+          if fn.startswith("global") else x}
+  pspecs = pspecs if isinstance(pspecs, dict) else (
+      {"w": pspecs} if isinstance(pspecs, P) else pspecs)
+  with pytest.raises(exc, match=match):
+    getattr(multihost_utils, fn)(tree, mesh, pspecs)
+  if fn.startswith("host"):
+    with pytest.raises(stock_exc):
+      stock.host_local_array_to_global_array(tree, mesh, pspecs)
+
+
+def test_host_local_python_scalars_are_their_numpy_values(mesh_2d):
+  """Stock fails on a Python scalar leaf (AttributeError: no `dtype` /
+  `shape`); here it is its numpy value, as `jnp.asarray` takes it."""
+  with pytest.raises(AttributeError):
+    stock.host_local_array_to_global_array({"lr": 0.5}, mesh_2d, P())
+  out = multihost_utils.host_local_array_to_global_array(
+      {"lr": 0.5, "step": 3, "on": True}, mesh_2d, P())
+  assert {k: (v.dtype, v.shape, v.item()) for k, v in out.items()} == {
+      "lr": (np.float32, (), 0.5), "step": (np.int32, (), 3), "on": (np.bool_, (), True)}
+  assert all(v.sharding.is_fully_replicated for v in out.values())
+
+
 def test_process_allgather_gives_a_gdas_global_value(mesh_2d):
   gda, data = _gda(mesh_2d, P("x", "y"))
   for tiled in (False, True):
@@ -239,3 +293,163 @@ def test_assert_equal_compares_a_replicated_gda_across_two_processes():
     assert f"[worker {i}] assert_equal ok" in out, run.report()
     for message in ("params differ", "last host differs", "buffers differ"):
       assert f"[worker {i}] assert_equal raised {message!r}" in out, run.report()
+
+
+# ---------------------------------------------------------------------------
+# Across real processes: `assert_equal` names what differs and never lets the
+# processes enter mismatched collectives; `process_allgather` and
+# `broadcast_one_to_all` check that the processes' trees agree first. One run
+# of `_assert_equal_worker.py` per process count plays every scenario; each
+# test reads its scenarios' lines from every process.
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2-processes", "4-processes"])
+def scenarios(request):
+  n = request.param
+  run = run_workers(Path(__file__).parent / "_assert_equal_worker.py", n, 8 // n, timeout=180)
+  if not run.ok:
+    pytest.fail(run.report(), pytrace=False)
+  per_process = []
+  for i in range(n):
+    found = {}
+    for line in run.stdout(i).splitlines():
+      if line.startswith("SCENARIO "):
+        _, name, record = line.split(" ", 2)
+        found[name] = json.loads(record)
+    per_process.append(found)
+  return n, per_process
+
+
+def _raised_everywhere(scenarios, name, exc_type):
+  """The message every process raised in scenario `name` (the same on all)."""
+  n, per_process = scenarios
+  records = [found[name] for found in per_process]
+  assert all(r["outcome"] == "raise" and r["type"] == exc_type for r in records), records
+  messages = {r["message"] for r in records}
+  assert len(messages) == 1, messages
+  return messages.pop()
+
+
+def test_assert_equal_passes_equal_trees_of_every_leaf_kind(scenarios):
+  """Numpy, `jax.Array`, Python and numpy scalars, None, an empty array and
+  a GDA replicated over every process, the same everywhere: passes."""
+  _, per_process = scenarios
+  assert all(found["equal"] == {"outcome": "ok", "value": None} for found in per_process)
+
+
+def test_assert_equal_names_the_leaf_and_the_first_differing_element(scenarios):
+  """A value deep in a big array: the message names the leaf's path and
+  shows the first differing index, each process's element there and how
+  many differ (stock dumped both whole trees, numpy-summarised with `...`,
+  so the differing value was invisible, and named no leaf)."""
+  n, _ = scenarios
+  msg = _raised_everywhere(scenarios, "deep_float", "AssertionError")
+  others = "process 0 has" if n == 2 else f"processes {', '.join(map(str, range(n - 1)))} have"
+  assert msg == (
+      "weights differ. `assert_equal`: the processes' values differ at ['weights']['w'] "
+      f"(float32, shape (4096,)), in 1 of 4096 elements; the first at index (3000,): "
+      f"{others} 3000.0; process {n - 1} has -1.0."), msg
+  assert "..." not in msg
+
+
+@pytest.mark.parametrize("name,path,shown", [
+    ("int", "['table']", ["in 2 of 12 elements", "index (0, 2)", " 2;", "has 3.",
+                          "[[ 0,  1,  3,  3], [ 4,  5,  6,  8]"]),
+    ("bool", "['mask']", ["index (2,)", "True;", "has False"]),
+    ("python_scalar", "['lr']", ["(float64, shape ())", "0.1", "has 0.2"]),
+    ("zero_d", "in_tree", ["(float32, shape ())", "process 0 has 1.0", "0.0"]),
+    ("float64", "['t']", ["1.0;", "has 1.000000000001"]),
+    ("gda", "['params']['w']", ["in 6 of 6 elements", "0.0", "has 1.0"]),
+])
+def test_assert_equal_shows_each_processs_value(scenarios, name, path, shown):
+  """Ints, bools, Python and 0-d scalars, a replicated GDA: the path and
+  every process's value. Leaves of 64-bit dtypes compare at full precision
+  (stock gathered them through 32-bit device arrays, so 1.0 and
+  1.000000000001 passed)."""
+  msg = _raised_everywhere(scenarios, name, "AssertionError")
+  assert f"differ at {path} (" in msg, msg
+  for text in shown:
+    assert text in msg, (text, msg)
+
+
+def test_assert_equal_shows_every_processs_scalar(scenarios):
+  n, _ = scenarios
+  msg = _raised_everywhere(scenarios, "scalar", "AssertionError")
+  assert msg.endswith("(int32, shape ()): " + "; ".join(
+      f"process {i} has {i}" for i in range(n)) + "."), msg
+
+
+@pytest.mark.parametrize("name,path,theirs,last", [
+    # Stock read the int32 bytes as float32 (and the reverse) and printed those.
+    ("dtype", "['x']", "an array of dtype float32 and shape (4,)",
+     "an array of dtype int32 and shape (4,)"),
+    # Stock: SIGABRT inside gloo's all-gather ("Received data size doesn't
+    # match expected size") on one process, a bare JaxRuntimeError on the other.
+    ("shape", "['x']", "an array of dtype float32 and shape (4,)",
+     "an array of dtype float32 and shape (5,)"),
+    ("empty_shape", "['x']", "an array of dtype float64 and shape (0, 3)",
+     "an array of dtype float64 and shape (0, 4)"),
+    # Stock: one process passed, the other read the extra leaf from garbage,
+    # then the processes aborted in mismatched collectives.
+    ("extra_key", "in_tree", "a dict with keys ['a']", "a dict with keys ['a', 'b']"),
+    # Stock compared only the values: a list and a tuple passed.
+    ("list_tuple", "['xs']", "a list of 1", "a tuple of 1"),
+    ("none_leaf", "['opt']", "None", "an array of dtype float64 and shape (2,)"),
+])
+def test_assert_equal_names_where_structure_dtype_or_shape_differ(
+    scenarios, name, path, theirs, last):
+  """Every process raises the same AssertionError naming the path and what
+  each process has there, and no process enters a mismatched collective."""
+  n, _ = scenarios
+  msg = _raised_everywhere(scenarios, name, "AssertionError")
+  assert f"trees differ at {path}: " in msg, msg
+  assert f"{'process 0 has' if n == 2 else 'have'} {theirs}" in msg, msg
+  assert f"process {n - 1} has {last}" in msg, msg
+
+
+def test_assert_equal_takes_nan_everywhere_as_equal(scenarios):
+  """NaN at the same place on every process passes (stock's `==` failed it
+  on every process, naming no difference)."""
+  _, per_process = scenarios
+  assert all(found["nan_everywhere"]["outcome"] == "ok" for found in per_process)
+
+
+def test_assert_equal_refuses_bad_leaves_on_every_process(scenarios):
+  """A leaf that is not an array on one process only, and a GDA sharded
+  across processes: every process raises, naming the leaf (a refusal on
+  one process alone would leave the others waiting in the gather)."""
+  n, _ = scenarios
+  msg = _raised_everywhere(scenarios, "not_array_on_one", "TypeError")
+  assert msg.startswith(f"process {n - 1} refused its input: `assert_equal` takes arrays"), msg
+  assert "the leaf ['name'] is a str ('run')" in msg, msg
+  msg = _raised_everywhere(scenarios, "sharded_gda", "ValueError")
+  assert "sharded as P('g',) across processes at ['w']" in msg, msg
+  assert "process_allgather" in msg, msg
+
+
+@pytest.mark.parametrize("name,text", [
+    ("allgather_shape", "`process_allgather` needs `in_tree` with the same structure, shapes "
+                        "and dtypes on every process, but the processes' trees differ at "
+                        "['batch']: "),
+    ("allgather_structure", "`process_allgather` needs `in_tree` with the same structure, "
+                            "shapes and dtypes on every process, but the processes' trees "
+                            "differ at in_tree: "),
+    ("broadcast_dtype", "`broadcast_one_to_all` needs `in_tree` with the same structure, "
+                        "shapes and dtypes on every process, but the processes' trees differ "
+                        "at ['seed']: "),
+])
+def test_gathers_refuse_trees_that_differ_between_processes(scenarios, name, text):
+  """`process_allgather` and `broadcast_one_to_all` on trees whose shapes,
+  structure or dtypes differ between processes: every process raises the
+  same ValueError naming the path (stock aborted the processes inside the
+  gather, or mixed the bytes of different dtypes)."""
+  msg = _raised_everywhere(scenarios, name, "ValueError")
+  assert msg.startswith(text), msg
+
+
+def test_gathers_of_agreeing_trees_work_as_stock(scenarios):
+  n, per_process = scenarios
+  for found in per_process:
+    assert found["allgather_ok"] == {"outcome": "ok", "value": [[i, i] for i in range(n)]}
+    assert found["broadcast_ok"] == {"outcome": "ok", "value": 10}
