@@ -419,3 +419,314 @@ def mh_cases(draw) -> MhCase:
   tree = draw(_mh_tree(mh_leaves(leaf_kinds, per_process=True), max_leaves=3))
   return MhCase(op, tree, mesh=draw(st.sampled_from(MH_MESHES)),
                 pspecs=draw(st.sampled_from(MH_SPECS)))
+
+
+# ---------------------------------------------------------------------------
+# Bad input (`test_fuzz_bad_input.py`): meshes, shapes, mesh axes, callback
+# results, device buffers, shard indices and pjit arguments, good and bad.
+# ---------------------------------------------------------------------------
+
+MESH_FAULTS = ("empty", "device_twice", "axis_name_twice", "int_items", "str_items",
+               "mixed_items", "rank", "not_a_mesh")
+"""What can be wrong with a mesh (`rank`: fewer or more names than dimensions,
+which stock's `Mesh` itself refuses)."""
+
+NOT_A_MESH = ("devices", "abstract", "sharding", "none")
+"""What is passed where a `Mesh` belongs (`MeshInput.form`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshInput:
+  """A mesh as data, bad ones included: `items` reshaped to `shape`, named
+  `names`. An item is a device id, or `("int", n)` / `("str", s)`: that value
+  where a device belongs."""
+
+  shape: tuple[int, ...]
+  names: tuple[str, ...]
+  items: tuple
+  form: str = "mesh"
+
+  def build(self):
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    if self.form != "mesh":  # what users pass by mistake where a `Mesh` belongs
+      mesh = MeshInput(self.shape, self.names, self.items).build()
+      return {"devices": lambda: mesh.devices, "abstract": lambda: mesh.abstract_mesh,
+              "sharding": lambda: NamedSharding(mesh, PartitionSpec()),
+              "none": lambda: None}[self.form]()
+    by_id = {d.id: d for d in jax.devices()}
+    values = [by_id[i] if type(i) is int else i[1] for i in self.items]
+    kinds = {type(v) for v in values}
+    if kinds in ({int}, {str}):  # as users write them: `np.array([0, 1, 2, 3])`
+      arr = np.array(values)
+    else:
+      arr = np.empty(len(values), dtype=object)
+      arr[:] = values
+    return Mesh(arr.reshape(self.shape), self.names)
+
+  @property
+  def faults(self) -> tuple[str, ...]:
+    """The mistakes in it: "not_a_mesh", "empty", "not_devices", "device_twice",
+    "axis_name_twice"."""
+    out = [] if self.form == "mesh" else ["not_a_mesh"]
+    if not self.items:
+      out.append("empty")
+    if any(type(i) is not int for i in self.items):
+      out.append("not_devices")
+    ids = [i for i in self.items if type(i) is int]
+    if len(set(ids)) != len(ids):
+      out.append("device_twice")
+    if len(set(self.names)) != len(self.names):
+      out.append("axis_name_twice")
+    return tuple(out)
+
+
+@st.composite
+def bad_meshes(draw) -> MeshInput:
+  """A mesh with one of `MESH_FAULTS`, or (a quarter of the time) a valid one."""
+  m = draw(meshes())
+  shape, names, items = m.shape, m.names, m.device_ids
+  fault = draw(st.sampled_from(("none", "none", "none", *MESH_FAULTS)))
+  n = len(items)
+  if fault == "empty":
+    shape = draw(st.sampled_from(((0,), (0, 2), (2, 0))))
+    names, items = tuple("xy"[:len(shape)]), ()
+  elif fault == "device_twice":
+    if n == 1 or draw(st.booleans()):  # often the simplest: one axis over a device twice
+      shape, names, items = (2,), ("x",), (items[0],) * 2
+    else:
+      i, j = draw(st.permutations(range(n)))[:2]
+      items = tuple(items[i] if k == j else v for k, v in enumerate(items))
+  elif fault == "axis_name_twice":
+    if len(names) == 1 or draw(st.booleans()):  # often both axes split
+      shape, names = ((2, n // 2) if n >= 4 else (n, 1)), ("x", "x")
+    else:
+      i, j = draw(st.permutations(range(len(names))))[:2]
+      names = tuple(names[i] if k == j else v for k, v in enumerate(names))
+  elif fault in ("int_items", "str_items"):
+    items = tuple(("int", i) if fault == "int_items" else ("str", f"cpu:{i}") for i in items)
+  elif fault == "mixed_items":
+    k = draw(st.integers(0, n - 1))
+    items = tuple(("int", v) if j == k else v for j, v in enumerate(items))
+  elif fault == "rank":
+    names = names[:-1] if len(names) > 1 and draw(st.booleans()) else (*names, "w")
+  elif fault == "not_a_mesh":
+    return MeshInput(shape, names, items, draw(st.sampled_from(NOT_A_MESH)))
+  return MeshInput(shape, names, items)
+
+
+SPEC_JUNK = (1, 2.5, b"x", True)
+"""Mesh axes entries of the wrong type."""
+
+SHAPE_FORMS = ("tuple", "tuple", "tuple", "list", "ndarray", "int", "str", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutCase:
+  """One call of a constructor or shard-math function with a maybe-bad mesh,
+  shape and mesh axes.
+
+  `shape`: its entries, a numpy scalar as `("np.int64", 8)`; `shape_form`:
+  how it is passed ("tuple", "list", "ndarray", or instead a bare "int",
+  "str" or "none"). `spec`: mesh axes entries (`("list", names)` a list of
+  names); `spec_form`: "P", "tuple", "list", "none" (`mesh_axes=None`) or
+  "str" (a bare axis name).
+  """
+
+  entry: str
+  mesh: MeshInput
+  shape: tuple
+  shape_form: str
+  spec: tuple
+  spec_form: str
+
+  def decoded_shape(self):
+    import numpy as np
+    dims = [getattr(np, d[0][3:])(d[1]) if isinstance(d, tuple) else d for d in self.shape]
+    return {"tuple": tuple(dims), "list": dims, "ndarray": np.array(dims), "int": 8,
+            "str": "88", "none": None}[self.shape_form]
+
+  def decoded_spec(self):
+    from jax.sharding import PartitionSpec
+    entries = [list(e[1]) if isinstance(e, tuple) and e[:1] == ("list",) else e
+               for e in self.spec]
+    return {"P": lambda: PartitionSpec(*entries), "tuple": lambda: tuple(entries),
+            "list": lambda: entries, "none": lambda: None,
+            "str": lambda: self.mesh.names[0] if self.mesh.names else "x"}[self.spec_form]()
+
+
+LAYOUT_ENTRIES = ("from_callback", "from_batched_callback", "with_devices", "constructor",
+                  "get_shard_indices", "get_shard_indices_replica_ids", "get_shard_shape")
+SHAPE_FAULTS = ("negative", "float", "integral_float", "np_float", "bool", "np_bool", "none",
+                "str", "np_int", "not_divisible", "long", "zero")
+
+
+@st.composite
+def layout_cases(draw) -> LayoutCase:
+  mesh = draw(bad_meshes())
+  valid = MeshSpec(mesh.shape, mesh.names, tuple(range(len(mesh.items))))
+  rank = draw(st.integers(1 if mesh.faults else 0, 3))  # a bad mesh: usually split over
+  fits = len(mesh.shape) == len(mesh.names)  # else stock's `Mesh` refuses it
+  spec: list = list(draw(specs(valid, rank))) if fits else []
+  extra = tuple(draw(st.lists(st.integers(1, 2), min_size=rank, max_size=rank)))
+  shape = list(divisible_shape(valid, tuple(spec), extra) if fits else extra)
+  if draw(st.integers(0, 2)) == 0:  # a spec fault
+    names = [*mesh.names, "zz"]
+    entry = draw(st.one_of(
+        st.sampled_from((*names, *SPEC_JUNK, None, ())),
+        st.lists(st.sampled_from(names), min_size=1, max_size=3).map(tuple),
+        st.lists(st.sampled_from(names), min_size=1, max_size=2).map(lambda v: ("list", tuple(v))),
+        st.sampled_from(names).map(lambda n: ((n,),)),
+        st.sampled_from(names).map(lambda n: (n, 1))))
+    spec.insert(draw(st.integers(0, len(spec))), entry)
+  if shape and draw(st.integers(0, 2)) == 0:  # a shape fault
+    k = draw(st.integers(0, len(shape) - 1))
+    fault = draw(st.sampled_from(SHAPE_FAULTS))
+    d = shape[k]
+    shape[k] = {"negative": -d or -1, "float": d + 0.5, "integral_float": float(d),
+                "np_float": ("np.float32", float(d)), "bool": True, "np_bool": ("np.bool_", True),
+                "none": None, "str": str(d), "np_int": ("np.int64", d), "not_divisible": d + 1,
+                "long": d, "zero": 0}[fault]
+    if fault == "long":
+      shape += [1] * draw(st.integers(20, 40))
+  return LayoutCase(draw(st.sampled_from(LAYOUT_ENTRIES)), mesh, tuple(shape),
+                    draw(st.sampled_from(SHAPE_FORMS)) if draw(st.booleans()) else "tuple",
+                    tuple(spec), draw(st.sampled_from(("P", "P", "tuple", "list", "none", "str"))))
+
+
+CALLBACK_RESULTS = (
+    "data", "list", "py_scalar", "np_scalar", "none", "string", "bytes", "dict", "objects",
+    "wrong_shape", "other_dtype", "float64", "uint64", "jax_default", "jax_device",
+    "jax_sharded", "jax_replicated", "jax_whole", "gda_indexed", "jax_deleted", "typed_key",
+    "raise")
+"""What a data callback returns for the shards it is odd for (`CallbackCase`)."""
+
+BATCH_FORMS = ("list", "list", "list", "tuple", "short", "long", "generator", "none", "array")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackCase:
+  """`from_callback` / `from_batched_callback` whose callback returns
+  `result` for one distinct index (`where`, counted in mesh order) or for
+  all (`where=-1`), and the data there for the others. `device`: the device
+  of a "jax_device" / "jax_deleted" result; `batch`: how the batched callback
+  returns its values."""
+
+  entry: str
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  dtype: str
+  result: str
+  where: int
+  device: int
+  batch: str = "list"
+
+
+@st.composite
+def callback_cases(draw) -> CallbackCase:
+  mesh, spec, shape, dtype = draw(sharded_arrays(dtypes=("float32", "int32", "float16", "int8",
+                                                         "bool")))
+  entry = draw(st.sampled_from(("from_callback", "from_batched_callback")))
+  return CallbackCase(entry, mesh, spec, shape, dtype, draw(st.sampled_from(CALLBACK_RESULTS)),
+                      draw(st.integers(-1, 3)), draw(st.integers(0, 7)),
+                      draw(st.sampled_from(BATCH_FORMS)) if entry != "from_callback" else "list")
+
+
+BUFFER_FAULTS = ("none", "none", "tuple", "all_dtype", "missing", "extra", "swap", "reversed",
+                 "grouped", "wrong_shape", "wrong_dtype", "other_device", "device_twice",
+                 "deleted", "numpy", "multi", "generator", "not_a_list", "scalar",
+                 "gda_buffer", "uncommitted")
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferCase:
+  """The constructor's `device_buffers`, or what a
+  `from_batched_callback_with_devices` callback returns (`via`), with one
+  fault at buffer `k` (or for the whole list); `device`: the device of an
+  "other_device" buffer."""
+
+  via: str
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  dtype: str
+  fault: str
+  k: int
+  device: int
+
+
+@st.composite
+def buffer_cases(draw) -> BufferCase:
+  mesh, spec, shape, dtype = draw(sharded_arrays())
+  return BufferCase(draw(st.sampled_from(("constructor", "with_devices"))), mesh, spec, shape,
+                    dtype, draw(st.sampled_from(BUFFER_FAULTS)), draw(st.integers(0, 7)),
+                    draw(st.integers(0, 7)))
+
+
+SHARD_INDICES = (0, 1, -1, 3, 7, 8, -8, -9, 100, True, False, 1.0, None, "0",
+                 ("np.int64", 2), ("np.int64", -1), ("slice", 0, 2))
+"""Indices given to `local_data` / `addressable_data` (plain, see `AccessCase`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AccessCase:
+  """`gda.<method>(index)`; `index` a plain value, `("np.int64", n)` or
+  `("slice", start, stop)`."""
+
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  method: str
+  index: object
+
+  def decoded_index(self):
+    import numpy as np
+    i = self.index
+    if isinstance(i, tuple):
+      return np.int64(i[1]) if i[0] == "np.int64" else slice(i[1], i[2])
+    return i
+
+
+@st.composite
+def access_cases(draw) -> AccessCase:
+  mesh, spec, shape, _ = draw(sharded_arrays())
+  return AccessCase(mesh, spec, shape, draw(st.sampled_from(("local_data", "addressable_data"))),
+                    draw(st.sampled_from(SHARD_INDICES)))
+
+
+PJIT_IN = ("unspecified", "FROM_GDA", ("FROM_GDA", "FROM_GDA"), ("FROM_GDA", "P"), ("P", "P"),
+           ("P", "None"), ("S", "None"), ("P",), ("P", "P", "P"), "P", ["P", "None"],
+           {"a": "P"}, "x", 1, (("P", "None"),), (), ("unknown_axis", "P"))
+PJIT_OUT = ("unspecified", "P", ("P", "P"), ("P", "None"), ["P", "P"], ("P",), "FROM_GDA", "x",
+            ("P", "None", "None"), "None", ("S", "P"), "unknown_axis")
+PJIT_ARGNUMS = (0, 1, -1, 5, (1, 1), (0, 1), True, 1.5, "1", ())
+PJIT_B = ("gda", "array", "single", "numpy", "scalar")
+
+
+@dataclasses.dataclass(frozen=True)
+class PjitCase:
+  """Legacy `pjit(f, in_res, out_res, static, donate)(gda, b)` inside `with
+  mesh:` of the GDA's mesh (or none: `in_mesh`), for `f(a, b) = (a * 2 + b,
+  a)`. Spec leaves: "P" (the GDA's spec), "S" (its `NamedSharding`), "None",
+  "FROM_GDA", "unknown_axis", or junk; `b` one of `PJIT_B`."""
+
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  in_res: object
+  out_res: object
+  static: object
+  donate: object
+  b: str
+  in_mesh: bool = True
+
+
+@st.composite
+def pjit_cases(draw) -> PjitCase:
+  mesh, spec, shape, _ = draw(sharded_arrays(max_rank=2))
+  argnums = st.one_of(st.none(), st.none(), st.sampled_from(PJIT_ARGNUMS))  # mostly none
+  return PjitCase(mesh, spec, shape, draw(st.sampled_from(PJIT_IN)),
+                  draw(st.sampled_from(PJIT_OUT)), draw(argnums), draw(argnums),
+                  draw(st.sampled_from(PJIT_B)), draw(st.integers(0, 3)) > 0)
