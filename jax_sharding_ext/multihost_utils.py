@@ -374,6 +374,9 @@ def assert_equal(in_tree, fail_message: str = ''):
   array of numbers or booleans, raises `ValueError` / `TypeError` naming the
   leaf, on every process.
   """
+  for x in jax.tree_util.tree_leaves(in_tree):
+    if isinstance(x, jax.core.Tracer):
+      np.asarray(x)  # JAX's own error for a traced value, before any collective
   prefix = f"{fail_message}. " if fail_message else ""
   lines, errors, values = _describe(in_tree, "assert_equal", _assert_equal_leaf)
   if jax.process_count() == 1:
@@ -543,10 +546,15 @@ def _is_array_dtype(dtype: Any) -> bool:
 
 
 def _not_an_array(fn: str, x: Any, where: str) -> TypeError:
+  if isinstance(x, jax.Array):
+    what, fix = (f"an array of dtype {x.dtype}",
+                 "For PRNG keys, pass `jax.random.key_data(key)`.")
+  else:
+    what, fix = (f"a {type(x).__name__} ({x!r:.60})",
+                 "Convert it to a numpy array, or leave it out of the tree.")
   return TypeError(
       f"`{fn}` takes arrays and scalars of numbers or booleans, but the leaf {where} is "
-      f"a {type(x).__name__} ({x!r:.60}). Convert it to a numpy array, or leave it out "
-      "of the tree.")
+      f"{what}. {fix}")
 
 
 def _spanning(fn: str, x: Any, where: str) -> ValueError:
@@ -567,8 +575,8 @@ def _spanning(fn: str, x: Any, where: str) -> ValueError:
 
 def _assert_equal_leaf(x: Any, where: str) -> tuple[str, np.ndarray | None]:
   """A leaf's description and this process's value to compare (or None)."""
-  if isinstance(x, jax.core.Tracer):
-    np.asarray(x)  # raises JAX's own error for a traced value
+  if isinstance(x, jax.Array) and not _is_array_dtype(x.dtype):
+    raise _not_an_array("assert_equal", x, where)
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     if not x.is_fully_replicated:
       raise _spanning("assert_equal", x, where)
@@ -617,18 +625,21 @@ def _layout_leaf(fn: str):
   `fn`'s collective."""
   def leaf(x: Any, where: str) -> tuple[str, None]:
     if isinstance(x, jax.Array):
+      if not _is_array_dtype(x.dtype):
+        raise _not_an_array(fn, x, where)
       if fn == "broadcast_one_to_all" and _is_gda(x) and not x.is_fully_addressable:
         raise _spanning(fn, x, where)
       how = ("global" if not x.is_fully_addressable
              else "this process's own GDA" if _is_gda(x) else "host-local")
       return f"an array of dtype {_canonical(x.dtype)} and shape {x.shape} ({how})", None
     try:
-      shape, dtype = np.shape(x), np.result_type(x)
+      value = np.asarray(x)  # numpy as it is; a scalar is cheap to convert
     except Exception:
-      dtype = None
-    if dtype is None or not _is_array_dtype(dtype):
+      raise _not_an_array(fn, x, where) from None
+    if not _is_array_dtype(value.dtype):
       raise _not_an_array(fn, x, where)
-    return f"an array of dtype {_canonical(dtype)} and shape {shape} (host-local)", None
+    return (f"an array of dtype {_canonical(value.dtype)} and shape {value.shape} "
+            "(host-local)"), None
   return leaf
 
 
@@ -638,12 +649,15 @@ def _canonical(dtype: Any) -> np.dtype:
 
 def _agree_on_layout(in_tree: Any, fn: str) -> None:
   """Raise on every process unless all pass `in_tree` with the same
-  structure, shapes and dtypes (what `fn`'s collective needs)."""
-  if jax.process_count() == 1:
-    return
+  structure, shapes and dtypes (what `fn`'s collective needs). A leaf that
+  is not an array is refused in one process too, as it would be in many."""
   if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(in_tree)):
     return  # traced: stock's own error
   lines, errors, _ = _describe(in_tree, fn, _layout_leaf(fn))
+  if jax.process_count() == 1:
+    if errors:
+      raise errors[0]
+    return
   _agree(lines, errors, b"", lambda where: ValueError(
       f"`{fn}` needs `in_tree` with the same structure, shapes and dtypes on every "
       f"process, but the processes' trees differ {where}."))

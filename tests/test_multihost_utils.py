@@ -237,6 +237,26 @@ def test_broadcast_and_assert_equal_in_one_process(mesh_2d):
   multihost_utils.sync_global_devices("single process")
 
 
+@pytest.mark.parametrize("fn", ["assert_equal", "process_allgather", "broadcast_one_to_all"])
+def test_a_leaf_that_is_no_array_is_refused_in_one_process_too(fn):
+  """A string or an object leaf is a TypeError naming it, in one process as
+  on many (stock takes it in one process, where nothing is gathered, and
+  fails inside `device_put` on several)."""
+  for leaf, kind in (("float32", "str"), (object(), "object")):
+    with pytest.raises(TypeError, match=(
+        rf"`{fn}` takes arrays and scalars of numbers or booleans, but the leaf "
+        rf"\['cfg'\]\[1\] is a {kind} ")):
+      getattr(multihost_utils, fn)({"cfg": [np.ones(2), leaf]})
+
+
+def test_assert_equal_under_jit_is_jaxs_tracer_error():
+  """Traced values cannot be compared across processes: JAX's own error,
+  raised before any collective, as stock's."""
+  for mod in (multihost_utils, stock):
+    with pytest.raises(jax.errors.TracerArrayConversionError):
+      jax.jit(lambda x, mod=mod: mod.assert_equal(x) or x)(jnp.ones(2))
+
+
 def test_conversions_trace_under_jit_vmap_and_grad_as_stocks_do(mesh_2d):
   """Stock `host_local_array_to_global_array` and
   `global_array_to_host_local_array` trace under `jax.jit` (and `vmap`,
