@@ -1,6 +1,8 @@
 """A checkpoint's commit marker lives in the array's own directory however the
 tensorstore spec spells it, and any spelling of that directory refuses an
-uncommitted checkpoint.
+uncommitted checkpoint. The directory is resolved at each save and restore:
+a relative path against the working directory of that moment, symbolic
+links as they point then.
 
 tensorstore resolves every spelling below to the same kvstore
 (`ts.Spec(spec).kvstore`, the directory `<root>/a/`): a dict kvstore with a
@@ -159,3 +161,94 @@ def test_two_spellings_of_one_location_are_one_path(mesh_2d, tmp_path, second):
       serialization.run_serialization([gda], [spellings[second]()])
   finally:
     manager.wait_until_finished()
+
+
+# -- resolved at each save and restore ------------------------------------------------
+
+RECORD = "jax_sharding_ext.chunks.0"
+
+
+def _relative(name="w"):
+  return {"driver": "zarr", "kvstore": {"driver": "file", "path": f"ckpt/{name}"}}
+
+
+def _restore_exact_or_missing(mesh, spec, want, missing=None):
+  if missing is None:
+    np.testing.assert_array_equal(np.asarray(_restore(mesh, spec)), want)
+  else:
+    with pytest.raises(ValueError, match=f"is damaged: its chunk '{missing}' is missing"):
+      _restore(mesh, spec)
+
+
+@pytest.mark.parametrize("save", ["run_serialization", "manager"])
+def test_a_relative_path_is_resolved_against_the_working_directory_of_each_save(
+    mesh_2d, tmp_path, monkeypatch, save):
+  """One relative spec saved from two working directories makes two
+  checkpoints, each with its own record and commit: the second save's
+  record does not overwrite the first's, and a chunk lost from the second
+  is an error, not zeros."""
+  first, first_data = _gda(mesh_2d)
+  second, second_data = _gda(mesh_2d, offset=100)
+  for where, gda in (("a", first), ("b", second)):
+    (tmp_path / where).mkdir()
+    monkeypatch.chdir(tmp_path / where)
+    if save == "manager":
+      manager = serialization.GlobalAsyncCheckpointManager()
+      manager.serialize([gda], [_relative()], on_commit_callback=lambda: None)
+      manager.wait_until_finished()
+    else:
+      serialization.run_serialization([gda], [_relative()])
+    assert (tmp_path / where / "ckpt" / "w" / RECORD).exists()
+    assert not os.path.lexists(tmp_path / where / "ckpt" / "w" / MARKER)
+  (tmp_path / "b" / "ckpt" / "w" / "1.0").unlink()
+  _restore_exact_or_missing(mesh_2d, _relative(), second_data, missing="1.0")
+  monkeypatch.chdir(tmp_path / "a")
+  _restore_exact_or_missing(mesh_2d, _relative(), first_data)
+
+
+def test_a_latest_link_re_pointed_between_saves_sends_each_save_to_its_step(
+    mesh_2d, tmp_path):
+  """`latest -> step_N`, re-pointed before each save: each step gets its own
+  data, record and commit; a restore through `latest` reads the step it
+  points to then, and a chunk lost from a step is an error there."""
+  latest = tmp_path / "latest"
+  spec = lambda: serialization.get_tensorstore_spec(str(latest / "w"))
+  data = {}
+  for step in range(3):
+    (tmp_path / f"step_{step}").mkdir()
+    if os.path.lexists(latest):
+      latest.unlink()
+    latest.symlink_to(f"step_{step}")
+    gda, data[step] = _gda(mesh_2d, offset=100 * step)
+    serialization.run_serialization([gda], [spec()])
+    assert (tmp_path / f"step_{step}" / "w" / RECORD).exists()
+  (tmp_path / "step_1" / "w" / "2.1").unlink()
+  for step in (2, 0, 1):
+    latest.unlink()
+    latest.symlink_to(f"step_{step}")
+    _restore_exact_or_missing(mesh_2d, spec(), data[step], missing="2.1" if step == 1 else None)
+
+
+def test_a_background_commit_writes_where_the_path_pointed_at_the_save(mesh_2d, tmp_path,
+                                                                         monkeypatch):
+  """The manager commits in the background; a working directory changed or a
+  link re-pointed meanwhile does not move the rest of its writes, its record
+  or its commit: the checkpoint is whole where its path pointed at
+  `serialize`."""
+  for d in ("a", "b", "step_0", "step_1"):
+    (tmp_path / d).mkdir()
+  (tmp_path / "latest").symlink_to("step_0")
+  gda, data = _gda(mesh_2d)
+  monkeypatch.chdir(tmp_path / "a")
+  manager = serialization.GlobalAsyncCheckpointManager()
+  manager.serialize([gda, gda], [_relative(), serialization.get_tensorstore_spec(
+      str(tmp_path / "latest" / "w"))], on_commit_callback=lambda: None)
+  monkeypatch.chdir(tmp_path / "b")
+  (tmp_path / "latest").unlink()
+  (tmp_path / "latest").symlink_to("step_1")
+  manager.wait_until_finished()
+  for d in (tmp_path / "a" / "ckpt" / "w", tmp_path / "step_0" / "w"):
+    assert (d / RECORD).exists() and not os.path.lexists(d / MARKER)
+    out = _restore(mesh_2d, serialization.get_tensorstore_spec(str(d)))
+    np.testing.assert_array_equal(np.asarray(out), data)
+  assert not os.path.lexists(tmp_path / "b" / "ckpt") and not os.listdir(tmp_path / "step_1")

@@ -120,7 +120,7 @@ def checked_arrays(fn: str, arrays: Any, tensorstore_specs: Any,
           "multi-process checkpoint needs global arrays (every process would write "
           "its own different value to the same path). Make it global first, e.g. "
           "with `multihost_utils.host_local_array_to_global_array`.")
-    done = _spec_to_write(arr, spec, at, choice)
+    done = locations.pinned(_spec_to_write(arr, spec, at, choice))
     key = locations.path_key(done)
     if key is not None and key in seen:
       raise ValueError(f"`{fn}`: tensorstore_specs[{seen[key]}] and tensorstore_specs[{i}] "

@@ -8,6 +8,13 @@ with or without a trailing slash, and a 'cast' spec around any of these.
 own directory (its path ends in "/"), so everything here starts from that:
 commit markers and chunk records go into that directory, and two specs name
 the same location exactly when their resolved kvstores are the same.
+
+On the local file system a path is resolved at each save and restore: a
+relative path against the working directory of that moment, symbolic links
+as they point then (`pinned` spells the directory that way for the whole
+save or restore). Nothing resolved is remembered between calls, so a
+`latest -> step_N` link re-pointed, or an `os.chdir`, between two saves
+sends the second one's data, marker and records to the new directory.
 """
 
 from __future__ import annotations
@@ -70,12 +77,15 @@ def parsed(spec: Any) -> ts.Spec | None:
 
 def locate(spec: Any) -> Location | None:
   """The directory of the array `spec` (a dict or `ts.Spec`) names, as
-  tensorstore resolves it; None when it names none (no kvstore, or a spec
-  tensorstore refuses).
+  tensorstore resolves it now; None when it names none (no kvstore, or a
+  spec tensorstore refuses).
 
   Only the stored array's driver, kvstore and spec-level path decide it, so
-  for a dict spec those are resolved once (tensorstore parses just them) and
-  remembered: a save or restore asks several times.
+  for a dict spec tensorstore's parse of just those is remembered (a save or
+  restore asks several times). What the parse names on the local file
+  system is not: a relative path or a symbolic link on the way is resolved
+  at each call, against the working directory and the links as they are
+  then.
   """
   base = stored(spec)
   if isinstance(base, Mapping):
@@ -85,32 +95,61 @@ def locate(spec: Any) -> Location | None:
     except (TypeError, ValueError):  # e.g. a `ts.KvStore.Spec` inside: parse it all
       key = None
     if key is not None:
-      return _locate_named(key)
-  return _resolve(parsed(spec))
+      return _resolve(_kvstore_named(key))
+  s = parsed(spec)
+  return _resolve(None if s is None else s.kvstore)
 
 
 @functools.lru_cache(maxsize=4096)
-def _locate_named(key: str) -> Location | None:
+def _kvstore_named(key: str) -> ts.KvStore.Spec | None:
   driver, kvstore, path = json.loads(key)
   named = {"driver": driver, "kvstore": kvstore}
   if path is not None:
     named["path"] = path
-  return _resolve(parsed(named))
+  s = parsed(named)
+  return None if s is None else s.kvstore
 
 
-def _resolve(s: ts.Spec | None) -> Location | None:
-  kv = None if s is None else s.kvstore
+def _resolve(kv: ts.KvStore.Spec | None) -> Location | None:
   if kv is None:
     return None
   driver = kv.to_json().get("driver")
   if driver == "file":
-    local = os.path.realpath(kv.path)
+    try:
+      local = os.path.realpath(kv.path)
+    except FileNotFoundError:  # a relative path, and the working directory was removed
+      raise ValueError(
+          f"The checkpoint path '{kv.path.rstrip('/')}' is relative, and the working "
+          "directory it is relative to no longer exists. Give an absolute path, or "
+          "`os.chdir()` to an existing directory first.") from None
     return Location(kv, "file://" + local + "/", local, True, kv.path.rstrip("/") or "/")
   try:
     url = kv.url
   except ValueError:  # a driver without a URL form
     url = repr(sorted(kv.to_json().items()))
   return Location(kv, url, None, driver in SHARED_WRITE_DRIVERS, url.rstrip("/"))
+
+
+def pinned(spec: Any) -> Any:
+  """`spec` with the stored array's local directory spelled as the absolute
+  path it resolves to now (working directory and symbolic links as they are
+  at this call), for one save or restore: tensorstore's reads and writes, the
+  commit marker and the chunk records then all meet that directory, even if
+  the working directory changes or a link is re-pointed while the save
+  commits in the background. A dict is copied (down to the stored array);
+  anything else, and a spec of another kvstore, is returned as given."""
+  if not isinstance(spec, Mapping):
+    return spec
+  if spec.get("driver") == "cast" and isinstance(spec.get("base"), Mapping):
+    return dict(spec, base=pinned(spec["base"]))
+  loc = locate(spec)
+  if loc is None or loc.local_dir is None:
+    return spec
+  kvstore = loc.kvstore.to_json()
+  kvstore["path"] = loc.local_dir.rstrip("/") + "/"
+  out = dict(spec, kvstore=kvstore)
+  out.pop("path", None)  # a spec-level path is part of the directory now
+  return out
 
 
 def reason(e: BaseException) -> str:

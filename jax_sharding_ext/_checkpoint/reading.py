@@ -22,6 +22,7 @@ async def read(spec: Any, global_shape: Any, dtype: Any, byte_limiter: Any,
   """Read the array at `spec` onto `target`: a mesh (with `mesh_axes`) or a
   `NamedSharding` give a GDA, another `Sharding` a `jax.Array`."""
   at = f"`async_deserialize` of '{locations.spec_path(spec)}'"
+  spec = locations.pinned(spec)  # one directory for the whole restore
   dtype = checks.checked_dtype(dtype, f"{at}: dtype")
   t = await checks.open_existing(spec, at)
   await markers.check_committed(spec, at)
