@@ -177,7 +177,7 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   (arr,), (spec,) = _checks.checked_arrays(fn, [arr_inp], [tensorstore_spec], choice)
   fresh = [_locations.new_local_path(spec)]
   await _saving.check_host_copy(fn, [arr])
-  await _integrity.forget_records([spec])
+  await _integrity.start_records([spec])
   if commit_future is None:
     regions = _integrity.written_regions(arr)
     out = await jax_checkpoint.async_serialize(arr, spec)

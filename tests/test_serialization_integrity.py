@@ -2,10 +2,10 @@
 raises: a missing chunk, one flipped byte in a chunk, a chunk replaced by
 another valid one (an older step's, another array's, a swap) and a changed
 layout in the metadata are errors with the GDA-era metadata (gzip) and with
-`metadata="stock"` (zstd) alike, while
-all-zero and partly-zero arrays round-trip and checkpoints of other writers
-(stock `array_serialization`, GDA-era files that leave out chunks equal to the
-fill value) restore as before.
+`metadata="stock"` (zstd) alike, and so is a copy made in name order and
+cut short, while all-zero and partly-zero arrays round-trip and checkpoints
+of other writers (stock `array_serialization`, GDA-era files that leave out
+chunks equal to the fill value) restore as before.
 
 Stock `array_serialization` reads a missing chunk as zeros and a zstd chunk
 with a flipped byte as whatever it decodes to; the tests show that on the same
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 from jax.experimental.array_serialization import serialization as stock
+from jax.experimental.array_serialization import tensorstore_impl as stock_impl
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -361,4 +362,71 @@ def test_a_lost_record_with_others_left_is_an_error(mesh_2d, tmp_path):
   shutil.copy(tmp_path / "w" / RECORD, tmp_path / "w" / "jax_sharding_ext.chunks.1")
   os.remove(tmp_path / "w" / RECORD)
   with pytest.raises(ValueError, match=f"its chunk record '{RECORD}' is missing"):
+    _restore(mesh_2d, tmp_path / "w")
+
+
+# -- a copy cut short -------------------------------------------------------------------
+
+MARK = ".jax_sharding_ext"
+
+
+@pytest.mark.parametrize("kind", FORMATS + ["zarr3"])
+def test_a_copy_in_name_order_cut_short_restores_exactly_or_raises(mesh_2d, tmp_path, kind):
+  """rsync and object-store tools copy a directory in name order. The
+  package's mark sorts first and the record after the chunks, so a copy cut
+  after any chunk has the mark and may lack the record: it is refused as
+  damaged, never taken for another writer's checkpoint with chunks read as
+  zeros; the complete copy restores. Stock restores the cut copies with
+  zeros."""
+  gda, data = _gda(mesh_2d)
+  w = tmp_path / "w"
+  if kind == "zarr3":
+    spec = lambda d: {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(d)}}
+    serialization.run_serialization([gda], [spec(w)])
+  else:
+    spec = _spec
+    _save_run(gda, w, metadata=kind)
+  names = sorted(str(p.relative_to(w)) for p in w.rglob("*") if p.is_file())
+  assert names[0] == MARK and names[-1] in (RECORD, "zarr.json")
+  restore = lambda d: serialization.run_deserialization([mesh_2d], [P("x")], [spec(d)])[0]
+  stock_zeros = []
+  for cut in range(len(names) + 1):
+    copy = tmp_path / f"copy_{cut}"
+    copy.mkdir()
+    for name in names[:cut]:
+      (copy / name).parent.mkdir(parents=True, exist_ok=True)
+      shutil.copyfile(w / name, copy / name)
+    if cut == len(names):
+      np.testing.assert_array_equal(np.asarray(restore(copy)), data)
+      break
+    with pytest.raises(ValueError) as refused:
+      restore(copy)
+    if ".zarray" in names[:cut]:  # the metadata is there: only the mark tells
+      assert f"'{RECORD}' is missing, though its '{MARK}' mark" in str(refused.value)
+      stock_zeros.append(bool((_restore_stock(mesh_2d, copy) == 0).any()))
+  assert kind == "zarr3" or any(stock_zeros)
+
+
+@pytest.mark.parametrize("save", list(SAVES))
+def test_the_mark_is_written_before_the_first_chunk_and_kept(mesh_2d, tmp_path, monkeypatch,
+                                                            save):
+  """The mark is in the directory before tensorstore writes anything there
+  (a save that stops at any point leaves it) and stays after the commit;
+  stock and tensorstore read the array as before."""
+  gda, data = _gda(mesh_2d)
+  seen = []
+  real_serialize = serialization.jax_checkpoint.async_serialize
+
+  async def spying(arr, spec, *args, **kwargs):
+    seen.append(sorted(os.listdir(tmp_path / "w")))
+    return await real_serialize(arr, spec, *args, **kwargs)
+  monkeypatch.setattr(serialization.jax_checkpoint, "async_serialize", spying)
+  monkeypatch.setattr(stock_impl, "async_serialize", spying)  # what stock's manager calls
+  SAVES[save](gda, tmp_path / "w")
+  monkeypatch.undo()
+  assert MARK in seen[0] and ".zarray" not in seen[0]
+  assert json.loads((tmp_path / "w" / MARK).read_text())["written_by"] == "jax_sharding_ext"
+  np.testing.assert_array_equal(_restore_stock(mesh_2d, tmp_path / "w"), data)
+  (tmp_path / "w" / RECORD).unlink()
+  with pytest.raises(ValueError, match=f"'{RECORD}' is missing, though its '{MARK}' mark"):
     _restore(mesh_2d, tmp_path / "w")

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import mmap
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -120,11 +121,15 @@ class Directory:
     return r.value if r.state == "value" else None
 
   async def put(self, key: str, value: bytes) -> None:
-    """Write `key` (a record: written before the checkpoint is committed, so
-    a write cut short leaves an uncommitted checkpoint, refused anyway)."""
+    """Write `key` whole or not at all (as tensorstore writes a key),
+    creating the directory."""
     if self.loc.local_dir is not None:
-      with open(os.path.join(self.loc.local_dir, key), "wb") as f:
+      path = os.path.join(self.loc.local_dir, key)
+      os.makedirs(self.loc.local_dir, exist_ok=True)
+      tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+      with open(tmp, "wb") as f:
         f.write(value)
+      os.replace(tmp, path)
     else:
       await (await self.store()).write(key, value)
 

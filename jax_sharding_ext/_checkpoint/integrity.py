@@ -22,6 +22,15 @@ of each chunk file this process wrote (`checksum` names its kind):
 * "crc32": elsewhere (zstd without its checksum, no compression, bz2,
   zarr3 sharding), the crc32 of the chunk file's bytes.
 
+Before its first chunk, a save also puts its mark, `.jax_sharding_ext`, into
+the directory, and leaves it there. The mark's name sorts before every chunk
+key and the metadata (zarr's '.zarray', zarr3's 'zarr.json' and 'c/...'), so
+a copy made in name order (rsync, object-store tools) that holds any of them
+holds the mark too; the records sort after the chunks and may be missing
+from such a copy cut short. A directory with the mark and without records
+was written by this package and is damaged (a copy cut short, a record lost,
+a save that did not finish), not another writer's checkpoint.
+
 tensorstore and every other zarr reader ignore these keys.
 
 A restore of an array that has records checks, for each chunk this process
@@ -31,9 +40,10 @@ the array's shape, dtype, chunk shape and layout are the recorded ones. A
 chunk checked before is not read again while its file is unchanged (same
 inode, size, modification and change times, or the same kvstore
 generation): tensorstore serves an unchanged chunk from its cache then too.
-An array without records (written by stock `array_serialization`, by the
-GDA-era module, which may leave out chunks equal to the fill value, or by
-an earlier version of this package) restores as before, unchecked.
+An array without records and without the mark (written by stock
+`array_serialization`, by the GDA-era module, which may leave out chunks
+equal to the fill value, or by jax_sharding_ext 0.1.0 and its records since
+lost) restores as before, unchecked.
 
 Records are written where markers are (`locations.SHARED_WRITE_DRIVERS`); a
 chunk written by several processes (only with a chunking the spec gives
@@ -67,6 +77,14 @@ from jax_sharding_ext._checkpoint.metadata import TS_CONTEXT
 
 RECORD_PREFIX = "jax_sharding_ext.chunks."
 """Key prefix of the chunk records in an array's directory (then the process index)."""
+OWN_MARK = ".jax_sharding_ext"
+"""Key of the mark of an array this package writes: put before its first
+chunk and kept, sorting before every chunk key and the metadata, so that a
+copy in name order cut short is known for a damaged checkpoint of this
+package, not another writer's."""
+_MARK_TEXT = json.dumps({"written_by": "jax_sharding_ext",
+                         "records": RECORD_PREFIX + "<process index>"}).encode()
+_RECORDED_DRIVERS = frozenset({"zarr", "zarr3"})
 _FORMAT = 1
 # Codecs that end each chunk with a checksum of its contents: its length in bytes.
 _TAIL_V2 = {"gzip": 8, "zlib": 4}
@@ -231,13 +249,19 @@ async def _write_record(regions: Sequence[Region], spec: Any, fresh: bool) -> No
                       json.dumps(record, separators=(",", ":")).encode())
 
 
-async def forget_records(specs: Sequence[Any]) -> None:
-  """Remove this process's records of `specs`' arrays before they are written
-  again (a record of the old chunks would not match the new ones)."""
+async def start_records(specs: Sequence[Any]) -> None:
+  """Before the first chunk of `specs`' arrays is written: remove this
+  process's records of them (a record of the old chunks would not match the
+  new ones) and put the package's mark (`OWN_MARK`) into their
+  directories."""
   async def one(spec):
     directory = directory_of(spec)
-    if directory is not None:
-      await directory.delete(RECORD_PREFIX + str(jax.process_index()))
+    if directory is None:
+      return
+    await directory.delete(RECORD_PREFIX + str(jax.process_index()))
+    base = locations.stored(spec)
+    if isinstance(base, dict) and base.get("driver") in _RECORDED_DRIVERS:
+      await directory.put(OWN_MARK, _MARK_TEXT)
   await asyncio.gather(*map(one, specs))
 
 
@@ -290,6 +314,10 @@ async def _records(directory: Directory, at: str) -> dict | None:
 async def _read_records(directory: Directory, at: str) -> dict | None:
   first = await directory.get(RECORD_PREFIX + "0")
   if first is None:
+    if await directory.exists(OWN_MARK):
+      raise _damaged(at, directory.loc, f"its chunk record '{RECORD_PREFIX}0' is missing, "
+                     f"though its '{OWN_MARK}' mark says jax_sharding_ext wrote it (a copy "
+                     "cut short, a record lost, or a save that did not finish)")
     if await directory.any_with_prefix(RECORD_PREFIX):
       raise _damaged(at, directory.loc, f"its chunk record '{RECORD_PREFIX}0' is missing")
     return None

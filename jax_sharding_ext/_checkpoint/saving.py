@@ -49,7 +49,7 @@ async def prepare(fn: str, arrs: Sequence[jax.Array], specs: Sequence[dict],
                                       checks.check_targets(fn, specs, choice),
                                       check_host_copy(fn, arrs))
   await markers.mark(stores, True)
-  await integrity.forget_records(specs)
+  await integrity.start_records(specs)
   return stores, fresh
 
 
