@@ -2,10 +2,11 @@
 raises: a missing chunk, one flipped byte in a chunk, a chunk replaced by
 another valid one (an older step's, another array's, a swap) and a changed
 layout in the metadata are errors with the GDA-era metadata (gzip) and with
-`metadata="stock"` (zstd) alike, and so is a copy made in name order and
-cut short, while all-zero and partly-zero arrays round-trip and checkpoints
-of other writers (stock `array_serialization`, GDA-era files that leave out
-chunks equal to the fill value) restore as before.
+`metadata="stock"` (zstd) alike, and so are a changed zarr3 layout (the
+`bytes` codec's endian, an added `transpose`) and a copy made in name order
+and cut short, while all-zero and partly-zero arrays round-trip and
+checkpoints of other writers (stock `array_serialization`, GDA-era files
+that leave out chunks equal to the fill value) restore as before.
 
 Stock `array_serialization` reads a missing chunk as zeros and a zstd chunk
 with a flipped byte as whatever it decodes to; the tests show that on the same
@@ -430,3 +431,95 @@ def test_the_mark_is_written_before_the_first_chunk_and_kept(mesh_2d, tmp_path, 
   (tmp_path / "w" / RECORD).unlink()
   with pytest.raises(ValueError, match=f"'{RECORD}' is missing, though its '{MARK}' mark"):
     _restore(mesh_2d, tmp_path / "w")
+
+
+def test_a_checkpoint_of_0_1_0_without_the_mark_is_checked_by_its_record(mesh_2d, tmp_path):
+  """jax_sharding_ext 0.1.0 wrote records but no mark (and no zarr3 layout):
+  its checkpoints are checked as it checked them."""
+  gda, data = _gda(mesh_2d)
+  for name, spec in (("v2", _spec(tmp_path / "v2")), ("v3", _zarr3_spec(tmp_path / "v3"))):
+    serialization.run_serialization([gda], [spec])
+    (tmp_path / name / MARK).unlink()
+    if name == "v3":
+      record = json.loads((tmp_path / name / RECORD).read_text())
+      (tmp_path / name / RECORD).write_text(json.dumps(dict(record, layout={})))
+    restore = lambda spec=spec: serialization.run_deserialization([mesh_2d], [P("x")],
+                                                                  [spec])[0]
+    np.testing.assert_array_equal(np.asarray(restore()), data)
+    chunk = tmp_path / name / ("1.0" if name == "v2" else "c/1/0")
+    _flip(chunk, len(chunk.read_bytes()) - 1)
+    with pytest.raises(ValueError, match="was changed or replaced"):
+      restore()
+
+
+# -- zarr3 layout --------------------------------------------------------------------------
+
+
+def _transpose_first(metadata):
+  return dict(metadata, codecs=[{"name": "transpose", "configuration": {"order": [1, 0]}},
+                                *metadata["codecs"]])
+
+
+def _big_endian(metadata):
+  return dict(metadata, codecs=[{"name": "bytes", "configuration": {"endian": "big"}}
+                                if c["name"] == "bytes" else c for c in metadata["codecs"]])
+
+
+def _no_transpose(metadata):
+  return dict(metadata, codecs=[c for c in metadata["codecs"] if c["name"] != "transpose"])
+
+
+ZARR3_CODECS = {
+    "stock's (bytes)": None,
+    "bytes, gzip": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip"}],
+    "transpose, bytes, zstd": [{"name": "transpose", "configuration": {"order": [1, 0]}},
+                               {"name": "bytes", "configuration": {"endian": "little"}},
+                               {"name": "zstd"}],
+}
+
+
+@pytest.mark.parametrize("edit", [_big_endian, _transpose_first, _no_transpose])
+@pytest.mark.parametrize("codecs", list(ZARR3_CODECS))
+def test_a_changed_zarr3_layout_is_an_error(mesh_2d, tmp_path, codecs, edit):
+  """zarr3's codecs say how a chunk's bytes become values (a `transpose`
+  order, the `bytes` codec's endian): changed in `zarr.json`, every chunk
+  still decodes, to other values. The record keeps the layout, so the
+  restore refuses as zarr v2's `order` and byte order are refused; stock
+  restores the byte-swapped or transposed values."""
+  gda, data = _gda(mesh_2d)
+  spec = _zarr3_spec(tmp_path / "w")
+  if ZARR3_CODECS[codecs] is not None:
+    spec["metadata"]["codecs"] = ZARR3_CODECS[codecs]
+  else:
+    del spec["metadata"]["fill_value"]
+  serialization.run_serialization([gda], [spec])
+  restore = lambda: serialization.run_deserialization([mesh_2d], [P("x")], [{
+      "driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "w")}}])[0]
+  np.testing.assert_array_equal(np.asarray(restore()), data)
+  zarr_json = tmp_path / "w" / "zarr.json"
+  before = json.loads(zarr_json.read_text())
+  after = edit(before)
+  if after == before:
+    return  # nothing to take away
+  zarr_json.write_text(json.dumps(after))
+  with pytest.raises(ValueError, match=r"is damaged: its metadata \(shape, dtype, chunk shape, "
+                     r"layout .*\) differs from the recorded"):
+    restore()
+  async def stock_read():
+    return await stock.async_deserialize(NamedSharding(mesh_2d, P("x")), {
+        "driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "w")}})
+  silently = np.asarray(asyncio.run(stock_read()))
+  assert silently.shape == data.shape and not np.array_equal(silently, data)
+
+
+def test_the_record_keeps_the_zarr3_layout(mesh_2d, tmp_path):
+  """What a zarr3 record keeps: the codecs up to the array-to-bytes one with
+  their configuration, the byte codecs after it by name."""
+  gda, _ = _gda(mesh_2d)
+  spec = _zarr3_spec(tmp_path / "w")
+  spec["metadata"]["codecs"] = ZARR3_CODECS["transpose, bytes, zstd"]
+  serialization.run_serialization([gda], [spec])
+  record = json.loads((tmp_path / "w" / RECORD).read_text())
+  assert record["layout"] == {"codecs": [
+      {"name": "transpose", "configuration": {"order": [1, 0]}},
+      {"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"}]}

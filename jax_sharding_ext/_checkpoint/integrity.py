@@ -11,8 +11,12 @@ value: `store_data_equal_to_fill_value`) and, once this process's writes are
 committed and before the checkpoint is, writes a record into the array's
 directory, one key per process, `jax_sharding_ext.chunks.<process index>`:
 a small JSON object with the array's shape, dtype, chunk shape and layout
-(zarr's `order` and byte order), the number of processes, and a fingerprint
-of each chunk file this process wrote (`checksum` names its kind):
+(how a chunk's bytes become values: zarr's `order` and byte order; zarr3's
+codecs up to the one that makes bytes of the array, with their
+configuration (`transpose` orders, the `bytes` codec's endian, a sharding
+codec's inner chunks and codecs), then the names of the codecs after it),
+the number of processes, and a fingerprint of each chunk file this process
+wrote (`checksum` names its kind):
 
 * "tail<n>": where the codec ends each chunk with a checksum of the chunk's
   contents (gzip: CRC-32 and length, 8 bytes; zlib: Adler-32, 4; zarr3
@@ -43,7 +47,8 @@ generation): tensorstore serves an unchanged chunk from its cache then too.
 An array without records and without the mark (written by stock
 `array_serialization`, by the GDA-era module, which may leave out chunks
 equal to the fill value, or by jax_sharding_ext 0.1.0 and its records since
-lost) restores as before, unchecked.
+lost) restores as before, unchecked. A zarr3 record of jax_sharding_ext
+0.1.0 has no layout (`{}`): its layout is not checked.
 
 Records are written where markers are (`locations.SHARED_WRITE_DRIVERS`); a
 chunk written by several processes (only with a chunking the spec gives
@@ -164,10 +169,32 @@ def _grid(driver: Any, metadata: dict, shape: tuple[int, ...]) -> Grid | None:
                 {"order": metadata.get("order", "C"), "byte_order": _byte_order(metadata)})
   grid = metadata.get("chunk_grid") or {}
   if driver == "zarr3" and grid.get("name") == "regular":
+    codecs = metadata.get("codecs") or ()
     return Grid(shape, tuple(grid["configuration"]["chunk_shape"]),
                 _zarr3_key(metadata.get("chunk_key_encoding") or {"name": "default"}),
-                _zarr3_check(metadata.get("codecs") or ()), {})
+                _zarr3_check(codecs), _zarr3_layout(codecs))
   return None
+
+
+# zarr3 codecs that turn an array into bytes; codecs before one act on the
+# array (transpose), codecs after it on bytes (compression, checksums).
+_ARRAY_TO_BYTES = frozenset({"bytes", "sharding_indexed"})
+
+
+def _zarr3_layout(codecs: Sequence[Any]) -> dict:
+  """How a zarr3 chunk's bytes become values (tensorstore's normalized
+  codecs): every codec up to the one that makes bytes of the array, with its
+  configuration (a `transpose` order, the `bytes` codec's endian, a sharding
+  codec's inner chunk shape and codecs), then the names of the byte codecs
+  after it (a compression level changes no value)."""
+  out: list[dict] = []
+  on_bytes = False
+  for codec in codecs:
+    name, config = ((codec.get("name"), codec.get("configuration") or {})
+                    if isinstance(codec, dict) else (codec, {}))
+    out.append({"name": name} if on_bytes else {"name": name, "configuration": config})
+    on_bytes = on_bytes or name in _ARRAY_TO_BYTES
+  return {"codecs": out}
 
 
 def _byte_order(metadata: dict) -> str:
@@ -182,8 +209,8 @@ def _grid_of_new(spec: Any) -> tuple[Grid | None, str] | None:
   tensorstore's defaults), without opening it; None where the spec leaves
   something to what is stored."""
   base = locations.stored(spec)
-  if not isinstance(base, dict) or "key_encoding" in base:
-    return None
+  if not isinstance(base, dict) or "key_encoding" in base or base.get("driver") == "zarr3":
+    return None  # (zarr3: the layout is tensorstore's normalized codecs, read back)
   metadata, parsed = base.get("metadata") or {}, locations.parsed(base)
   if parsed is None or parsed.dtype is None or "shape" not in metadata:
     return None
@@ -374,7 +401,10 @@ async def check_read(spec: Any, t: ts.TensorStore, sharding: jax.sharding.Shardi
   if record is None:
     return
   found, dtype = grid_of(t)
-  stored = (list(found.shape), dtype, list(found.chunk), found.layout) if found else None
+  layout = found.layout if found else None
+  if record["layout"] == {} and found is not None and "codecs" in found.layout:
+    layout = {}  # a zarr3 record of jax_sharding_ext 0.1.0, which kept no layout
+  stored = (list(found.shape), dtype, list(found.chunk), layout) if found else None
   recorded = (record["shape"], record["dtype"], record["chunk_shape"], record["layout"])
   if found is None or stored != recorded:
     raise _damaged(at, directory.loc, f"its metadata (shape, dtype, chunk shape, layout "
