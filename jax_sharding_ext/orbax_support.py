@@ -54,11 +54,13 @@ from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._array.records import GdaShape
 from jax_sharding_ext._array.shard_math import (
   canonical_mesh_axes,
+  canonical_shape,
   layout,
   normalize_mesh_axes,
   to_partition_spec,
 )
 from jax_sharding_ext._checkpoint import recording
+from jax_sharding_ext._checkpoint.checks import checked_dtype
 
 # orbax's frames stand between the user's line and a save or restore.
 _ORBAX_DIRS = (os.path.dirname(os.path.dirname(ocp.__file__)) + os.sep,)
@@ -93,6 +95,8 @@ class GdaHandler(type_handlers.ArrayHandler):
     return out
 
   async def _deserialize(self, infos, args):
+    for arg in args or ():
+      _check_request(arg)
     if args is not None:
       # A GDA request without `global_shape` is checked against the saved shape.
       unsized = [i for i, arg in enumerate(args)
@@ -144,9 +148,26 @@ def _spec(mesh: Any, mesh_axes: Any, shape: Any = None) -> PartitionSpec:
 
 
 def _gda_request(arg: Any) -> bool:
-  """Whether `arg` asks for a GDA on `mesh` with `mesh_axes`."""
+  """Whether `arg` asks for a GDA on `mesh` with `mesh_axes` (`None`, or not
+  given, with no `sharding`: fully replicated, as for `from_callback`)."""
   return (isinstance(arg, ocp.ArrayRestoreArgs) and arg.restore_type is GlobalDeviceArray
-          and arg.mesh is not None and arg.mesh_axes is not None)
+          and arg.mesh is not None and (arg.mesh_axes is not None or arg.sharding is None))
+
+
+def _check_request(arg: Any) -> None:
+  """Refuse, before anything is read, what a GDA request cannot restore: a
+  `mesh` that is not a `Mesh`, a `global_shape` (or `shape`) that is not a
+  shape, a `dtype` no JAX array has; each error names the argument (as
+  `from_callback` and `serialization` name them)."""
+  if getattr(arg, "restore_type", None) is not GlobalDeviceArray:
+    return
+  if arg.mesh is not None and not isinstance(arg.mesh, Mesh):
+    _spec(arg.mesh, arg.mesh_axes)  # its TypeError naming `mesh`
+  for name in ("global_shape", "shape"):
+    value = getattr(arg, name, None)
+    if value is not None and not isinstance(value, GdaShape):
+      canonical_shape(value, name)
+  checked_dtype(arg.dtype, "`dtype` of the ArrayRestoreArgs")
 
 
 def _shape_of(arg: Any) -> Any:

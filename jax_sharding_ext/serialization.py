@@ -176,7 +176,8 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   choice = _metadata.checked_metadata_choice(fn, metadata)
   (arr,), (spec,) = _checks.checked_arrays(fn, [arr_inp], [tensorstore_spec], choice)
   fresh = [_locations.new_local_path(spec)]
-  await _saving.check_host_copy(fn, [arr])
+  await asyncio.gather(_checks.check_targets(fn, [spec], choice),
+                       _saving.check_host_copy(fn, [arr]))
   await _integrity.start_records([spec])
   if commit_future is None:
     regions = _integrity.written_regions(arr)

@@ -262,3 +262,52 @@ def test_restore_args_asking_for_a_gda_with_list_mesh_axes(mesh_2d, tmp_path):
   assert w.sharding == _gda(mesh_2d, ["y", None])[0].sharding
   with pytest.raises(ValueError, match="which those mesh axes do not describe"):
     restore(sharding=NamedSharding(mesh_2d, P("x")), mesh_axes=["y"])
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"mesh": "devices"}, TypeError, "`mesh` must be a `jax.sharding.Mesh`"),
+    ({"global_shape": ("x", 8)}, TypeError, r"`global_shape` must be a tuple of ints"),
+    ({"global_shape": (-8, 8)}, ValueError, r"`global_shape` \(-8, 8\) has a negative"),
+    ({"shape": 8}, TypeError, r"`global_shape` must be a tuple of ints, got int 8"),
+    ({"dtype": "V8"}, TypeError, r"`dtype` of the ArrayRestoreArgs is \|V8, which a JAX "
+                                 "array cannot have"),
+    ({"dtype": "float99"}, TypeError, r"`dtype` of the ArrayRestoreArgs is not a dtype"),
+], ids=["mesh-not-a-mesh", "shape-of-str", "negative-shape", "shape-an-int", "void-dtype",
+        "unknown-dtype"])
+def test_a_gda_request_with_bad_args_is_refused_naming_the_argument(mesh_2d, tmp_path, kwargs,
+                                                                     error, message):
+  """`ArrayRestoreArgs(restore_type=GlobalDeviceArray, ...)` with a mesh that
+  is not a `Mesh`, a shape that is not a shape or a dtype no JAX array has is
+  refused before anything is read, naming the argument (orbax failed deep in
+  its read, e.g. "'str' object cannot be interpreted as an integer")."""
+  saved, _ = _gda(mesh_2d, P("x", "y"))
+  ocp.PyTreeCheckpointer().save(tmp_path / "c", {"w": saved})
+  args = dict({"mesh": mesh_2d, "mesh_axes": P("x")}, **kwargs)
+  if kwargs.get("mesh") == "devices":
+    args = {"mesh": list(mesh_2d.devices.flat), "global_shape": ("x",)}
+  restore_args = {"w": ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, **args)}
+  with pytest.raises(error, match=message):
+    ocp.PyTreeCheckpointer().restore(tmp_path / "c", args=ocp.args.PyTreeRestore(
+        restore_args=restore_args))
+
+
+def test_a_gda_request_without_mesh_axes_means_what_it_names(mesh_2d, tmp_path):
+  """A mesh with no `mesh_axes` is fully replicated on it (`None`, as for
+  `from_callback`), not the sharding it was saved with; a sharding alone
+  gives its spec as `mesh_axes`, as `from_jax_array` does."""
+  saved, data = _gda(mesh_2d, P("x", "y"))
+  ocp.PyTreeCheckpointer().save(tmp_path / "c", {"w": saved})
+
+  def restore(**kwargs):
+    args = {"w": ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, **kwargs)}
+    return ocp.PyTreeCheckpointer().restore(
+        tmp_path / "c", args=ocp.args.PyTreeRestore(restore_args=args))["w"]
+  w = restore(mesh=mesh_2d)
+  want = GlobalDeviceArray.from_callback((8, 8), mesh_2d, None, lambda i: data[i])
+  assert type(w) is GlobalDeviceArray and w.mesh_axes == want.mesh_axes
+  assert w.sharding == want.sharding and w.is_fully_replicated
+  np.testing.assert_array_equal(np.asarray(w), data)
+  w = restore(sharding=NamedSharding(mesh_2d, P("y")))
+  assert type(w) is GlobalDeviceArray and w.mesh_axes == P("y")
+  assert w.sharding == NamedSharding(mesh_2d, P("y"))
+  np.testing.assert_array_equal(np.asarray(w), data)

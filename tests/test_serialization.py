@@ -300,3 +300,18 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(mesh_2d, tmp_path):
     serialization.run_deserialization(["mesh"], [P("x")], specs[:1])
   with pytest.raises(ValueError, match="mesh axis 'z'"):
     serialization.run_deserialization([mesh_2d], [P("z")], specs[:1])
+
+
+@pytest.mark.parametrize("dtype", ["U3", "O", "V8", [("a", "<f4")]])
+def test_a_restore_dtype_no_jax_array_has_is_a_type_error_naming_it(mesh_2d, tmp_path, dtype):
+  """Numpy understands these dtypes, JAX arrays cannot have them: the restore
+  refuses them by name before reading (stock fails inside the read with
+  JAX's or numpy's own error, naming no argument)."""
+  gda, _ = _gda(mesh_2d, P("x"))
+  spec = _spec(tmp_path, "a")
+  serialization.run_serialization([gda], [spec])
+  with pytest.raises(TypeError, match=r"dtypes\[0\] is .*, which a JAX array cannot have; "
+                                      "give a numeric or bool dtype"):
+    serialization.run_deserialization([mesh_2d], [P("x")], [spec], None, [dtype])
+  with pytest.raises(TypeError, match=r"dtype is .*, which a JAX array cannot have"):
+    asyncio.run(serialization.async_deserialize(mesh_2d, P("x"), spec, dtype=dtype))

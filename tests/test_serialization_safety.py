@@ -95,6 +95,13 @@ REFUSED = {
     "stored array of another dtype": (
         lambda mesh, w: ([_gda(mesh, P("x", "y"), dtype=np.int32)[0]], [_spec(w)]),
         ValueError, r"cannot write to .*dtype.*nothing was written"),
+    "a file at the path": (
+        lambda mesh, w: ([_gda(mesh, P("x", "y"))[0]], [_spec(w / ".zarray")]),
+        ValueError, r"tensorstore_specs\[0\]: cannot write to .*\.zarray' is a file, and a "
+                    "checkpoint array is a directory; nothing was written"),
+    "a file above the path": (
+        lambda mesh, w: ([_gda(mesh, P("x", "y"))[0]], [_spec(w / "0.0" / "new")]),
+        ValueError, r"cannot write to .*/w/0\.0/new': .*/w/0\.0' is a file"),
 }
 
 
@@ -110,9 +117,21 @@ def _manager_serialize(arrays, specs):
     manager.wait_until_finished()  # nothing was started: returns at once
 
 
-@pytest.mark.parametrize("save", [_run_serialization, _manager_serialize],
-                         ids=["run_serialization", "manager.serialize"])
-@pytest.mark.parametrize("case", list(REFUSED))
+def _async_serialize(arrays, specs):
+  for arr, spec in zip(arrays, specs, strict=True):
+    asyncio.run(serialization.async_serialize(arr, spec))
+
+
+# `async_serialize` takes one array and one spec.
+_ONE_ARRAY = [c for c in REFUSED if c not in ("wrong number of specs", "one path twice")]
+
+
+@pytest.mark.parametrize("save,case", [
+    *((_run_serialization, c) for c in REFUSED), *((_manager_serialize, c) for c in REFUSED),
+    *((_async_serialize, c) for c in _ONE_ARRAY)],
+    ids=[f"{s}-{c}" for s, cases in (("run_serialization", REFUSED),
+                                     ("manager.serialize", REFUSED),
+                                     ("async_serialize", _ONE_ARRAY)) for c in cases])
 def test_a_refused_save_leaves_a_committed_checkpoint_exactly_as_it_was(
     mesh_2d, tmp_path, case, save):
   """Every check that can refuse a save runs before the commit marker or any

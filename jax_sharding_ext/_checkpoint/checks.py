@@ -10,10 +10,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 import tensorstore as ts
 
 from jax_sharding_ext._array.gda import GlobalDeviceArray
@@ -132,12 +134,18 @@ def checked_arrays(fn: str, arrays: Any, tensorstore_specs: Any,
 
 
 def checked_dtype(dtype: Any, at: str) -> Any:
+  """`dtype` as a numpy dtype a JAX array can have (None stays None), or a
+  TypeError naming `at`."""
   if dtype is None:
     return None
   try:
-    return jax.numpy.dtype(dtype)
+    out = jax.numpy.dtype(dtype)
   except TypeError:
     raise TypeError(f"{at} is not a dtype: {dtype!r}.") from None
+  if not (jax.dtypes.issubdtype(out, np.number) or jax.dtypes.issubdtype(out, np.bool_)):
+    raise TypeError(f"{at} is {out}, which a JAX array cannot have; give a numeric or bool "
+                    "dtype (e.g. 'float32'), or None to keep the stored one.")
+  return out
 
 
 def same_length(fn: str, n: int, **seqs: Any) -> list[list]:
@@ -151,12 +159,30 @@ def same_length(fn: str, n: int, **seqs: Any) -> list[list]:
   return out
 
 
+def _not_a_directory(full_spec: dict) -> str | None:
+  """The nearest existing path at or above a local array's directory, when
+  it is not a directory (a file where the array's directory would go)."""
+  loc = locations.locate(full_spec)
+  if loc is None or loc.local_dir is None:
+    return None
+  path = loc.local_dir
+  while not os.path.lexists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return None if os.path.isdir(path) else path
+
+
 async def _check_target(full_spec: dict, at: str, choice: str) -> None:
   """Open the array at `full_spec` (a spec completed by `_spec_to_write`) as
   stock's save opens it, without creating anything: a new path is fine; an
   array there that the save would refuse (another shape, dtype, chunking or
   compression), or a location that cannot be opened, is refused now, before
   any write."""
+  blocking = _not_a_directory(full_spec)
+  if blocking is not None:
+    raise ValueError(
+        f"{at}: cannot write to '{locations.spec_path(full_spec)}': '{blocking}' is a file, "
+        "and a checkpoint array is a directory; nothing was written. Give a path that is a "
+        "directory or does not exist yet.")
   if locations.new_local_path(full_spec):
     return  # nothing stored there: nothing to refuse (and no open to pay for)
   try:
