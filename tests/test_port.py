@@ -1031,3 +1031,34 @@ def test_reads_of_the_legacy_mesh_become_current_mesh():
       "          jax_sharding_ext.current_mesh().shape)\n"
       "def loops():\n  env = pxla.thread_resources.env\n  return env.loops\n")
   assert [(f.code, f.line) for f in port.check(fixed)] == [("JSE308", 11)]
+
+
+def test_a_defect_of_the_tool_on_one_file_leaves_it_and_the_run_goes_on(cli, tmp_path,
+                                                                       monkeypatch):
+  from jax_sharding_ext.port import _engine
+  (tmp_path / "a.py").write_text(MAPS)
+  (tmp_path / "b.py").write_text(MAPS + "x = 1\n")
+  real = _engine.fix_text
+
+  def broken(text, path="<source>", project=None):
+    if path.endswith("a.py"):
+      raise KeyError("a defect")
+    return real(text, path, project)
+  monkeypatch.setattr(_engine, "fix_text", broken)
+  status, _, _, err = cli("--write", tmp_path)
+  assert status == 2 and "a.py: internal error (KeyError: 'a defect')" in err, err
+  assert (tmp_path / "a.py").read_text() == MAPS
+  assert (tmp_path / "b.py").read_text() == PORTED + "x = 1\n"
+
+
+def test_removed_options_and_moved_modules_of_jax():
+  """JAX's config object is asked for its options; `jax.linear_util` and
+  `jax.xla` moved whole; a class JAX's internals define is at its
+  `jax.extend` home."""
+  source = ("import jax\nimport jax.linear_util as lu\nfrom jax import core\n"
+            "jax.config.jax_eager_pmap\nf = lu.wrap_init\np = core.Primitive\nd = jax.xla\n")
+  found = {(f.code, f.line, f.fixable) for f in port.check(source)}
+  assert ("JSE311", 4, False) in found
+  fixed = assert_port_invariants(source)
+  assert "from jax.extend import linear_util as lu\n" in fixed
+  assert "p = jax.extend.core.Primitive\n" in fixed and "d = jax.interpreters.xla\n" in fixed

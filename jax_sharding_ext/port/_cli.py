@@ -196,6 +196,9 @@ def _one(run: _Run, shown: str, path: str) -> None:
     run.error(f"{where}: does not parse: {e.msg}")
   except RuntimeError as e:
     run.error(str(e))
+  except Exception as e:  # a defect of the tool: this file is left as it is, the run goes on
+    run.error(f"{shown}: internal error ({type(e).__name__}: {e}); the file is left as it is. "
+              "Please report this.")
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -155,8 +155,8 @@ class _Run:
 
   s_Import = s_ImportFrom = _import
 
-  def s_Return(self, s: ast.Return, state: _State) -> _State:
-    self.exprs(state, s.value)
+  def s_Return(self, s: ast.Return | ast.Raise, state: _State) -> _State:
+    self.exprs(state, *(getattr(s, f, None) for f in ("value", "exc", "cause")))
     return None
 
   s_Raise = s_Return
@@ -264,7 +264,7 @@ def _walk_exprs(node: Any):
 
 def reaching(body: list[ast.stmt], name: str, target: ast.stmt,
              entry: frozenset[Def] = frozenset({UNBOUND}),
-             walrus: frozenset[str] | None = None) -> frozenset[Def] | None:
+             walrus: frozenset[str] | set[str] | None = None) -> frozenset[Def] | None:
   """The bindings of `name` that reach `target` in `body`, which starts with
   `entry` bound; None when `target` is not among `body`'s statements. An
   empty set: `target` is never reached."""
@@ -275,10 +275,12 @@ def reaching(body: list[ast.stmt], name: str, target: ast.stmt,
   return run.found or frozenset()
 
 
-def bindings(body: list[ast.stmt], name: str) -> frozenset[Def]:
+def bindings(body: list[ast.stmt], name: str, walrus: frozenset[str] | set[str] | None = None
+             ) -> frozenset[Def]:
   """Every binding of `name` that runs somewhere in `body`'s scope (for a name
-  read from a nested function, which may run at any time)."""
-  run = _Run(name, ast.Pass(), name in walrus_names(body))
+  read from a nested function, which may run at any time). `walrus`: the
+  names `:=` binds in that scope, when known."""
+  run = _Run(name, ast.Pass(), name in (walrus if walrus is not None else walrus_names(body)))
   run.every = set()
   run.block(body, frozenset())
   return frozenset(run.every)

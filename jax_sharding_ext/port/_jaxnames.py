@@ -1,14 +1,14 @@
 """Whether the installed JAX has a dotted name (`jax.interpreters.pxla.Mesh`).
 
-Asked of the JAX this process runs: a module is asked for its attribute
-(deprecated names answer through the module's `__getattr__`, removed ones
-raise `AttributeError` there); a submodule not imported yet exists when its
-file does, and is imported to look inside it (as the code that names it
-would); when that import fails (a dependency of its own is missing), what is
-inside it is not known. Classes are asked for their attributes; other
-objects (the config object, whose attributes come and go with its options,
-too) are not, so a name past one is taken as present. The answer is False
-only when the name is surely missing.
+Asked of the JAX this process runs: modules, classes and JAX's config
+object (whose options are all defined once JAX and this package are
+imported) are asked for their attributes (deprecated names answer through a
+module's `__getattr__`, removed ones raise `AttributeError` there); a
+submodule not imported yet exists when its file does, and is imported to
+look inside it (as the code that names it would); when that import fails (a
+dependency of its own is missing), what is inside it is not known. Other
+objects are not asked, so a name past one is taken as present. The answer is
+False only when the name is surely missing.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def has(dotted: str, loaded: bool = False) -> bool:
         value = _import(name)
         if value is None:  # its contents cannot be known here
           return not loaded
-    elif isinstance(obj, type):
+    elif isinstance(obj, type) or obj is _config():
       value = _attr(obj, parts[i])
       if value is None:
         return False
@@ -113,6 +113,10 @@ def is_module(dotted: str) -> bool:
   if parent is None:
     return has(dotted)  # a parent that was not imported: its file decides
   return _submodule_exists(parent, dotted)
+
+
+def _config() -> Any:
+  return getattr(sys.modules.get("jax"), "config", None)
 
 
 def version() -> str:

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import inspect
 import sys
+import weakref
 from typing import Any
 
 from jax_sharding_ext.port import _flow, _jaxnames, _moves, _rules, _scope
@@ -164,7 +165,9 @@ def _own(node: ast.AST):
 
 class Kinds:
   def __init__(self, ctx: Any) -> None:
-    self.ctx = ctx
+    # A proxy: the context holds its `Kinds`, and a cycle would keep a whole
+    # module's tree alive until Python's cycle collector runs.
+    self.ctx = weakref.proxy(ctx)
     self.busy: set[Any] = set()
     self._attrs: dict[str, list[tuple[ast.expr, _scope.Scope, ast.stmt]]] | None = None
 
@@ -285,7 +288,7 @@ class Kinds:
     if stmt is None:
       return self._defs(self._everywhere(owner, name), owner)
     entry = self._entry(owner, name)
-    defs = _flow.reaching(body, name, stmt, entry)
+    defs = _flow.reaching(body, name, stmt, entry, owner.walrus)
     if defs is None:
       defs = self._everywhere(owner, name)
     elif owner.kind == "module":
@@ -305,7 +308,7 @@ class Kinds:
     body = body_of(scope)
     if body is None:
       return frozenset({_flow.Def("other")})
-    defs = _flow.bindings(body, name) | (self._entry(scope, name) - {_flow.UNBOUND})
+    defs = _flow.bindings(body, name, scope.walrus) | (self._entry(scope, name) - {_flow.UNBOUND})
     if scope.kind == "module":
       defs |= self._global_writes(name)
     return defs
@@ -315,7 +318,7 @@ class Kinds:
     for scope in self.ctx.walk.scopes.values():
       body = body_of(scope)
       if name in scope.global_names and body is not None:
-        out |= _flow.bindings(body, name)
+        out |= _flow.bindings(body, name, scope.walrus)
     return frozenset(out)
 
   def _defs(self, defs: frozenset, scope: _scope.Scope) -> frozenset:

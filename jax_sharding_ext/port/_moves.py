@@ -42,11 +42,13 @@ MOVED: dict[str, tuple[str, ...]] = {
     "jax.experimental.pjit": ("jax.lax",),  # `with_sharding_constraint`
     "jax.abstract_arrays": ("jax.core",),
     "jax.pxla": ("jax.interpreters.pxla",),
+    "jax.xla": ("jax.interpreters.xla",),
+    "jax.linear_util": ("jax.extend.linear_util",),
 }
 """Modules whose names JAX moved to other modules (a name is taken there only
 when the installed JAX has it there)."""
 
-WHOLE = frozenset({"jax.experimental.sharding", "jax.pxla"})
+WHOLE = frozenset({"jax.experimental.sharding", "jax.pxla", "jax.xla", "jax.linear_util"})
 """Moved modules that live on whole under their new name (`from
 jax.experimental import sharding` is `from jax import sharding`)."""
 
@@ -78,10 +80,12 @@ def _quiet_getattr(obj: object, name: str) -> object:
 @functools.cache
 def _class_homes() -> dict[str, list[tuple[str, type]] | None]:
   """Class name -> [(public home, the class)], from every public JAX module
-  this process has imported (a module path with no part starting with `_`);
+  this process has imported (a module path with no part starting with `_`)
+  and `jax.extend`'s (JAX's public home for classes its internals define);
   None where two homes hold different classes under one name. Deprecated
   exports are not homes: they live in a module's `_deprecations`, not in
   its namespace."""
+  _jaxnames.has("jax.extend.core")  # imports `jax.extend` and its modules
   found: dict[str, list[tuple[str, type]] | None] = {}
   for module, mod in list(sys.modules.items()):
     if (not isinstance(mod, types.ModuleType) or module.split(".")[0] != "jax"

@@ -69,8 +69,11 @@ def _first_computation(ctx: Context, stmts: list[ast.stmt], scope: _scope.Scope
 
 
 def judge(ctx: Context) -> None:
+  last = _INITIALIZE.rpartition(".")[2]
   for call, scope in ctx.walk.calls:
-    if _INITIALIZE not in ctx.symbols(call.func, scope):
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name != last or _INITIALIZE not in ctx.symbols(func, scope):
       continue
     body = _kinds.body_of(scope)
     stmt = _kinds.enclosing(body, call) if body is not None else None

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 @dataclasses.dataclass(eq=False)
@@ -33,6 +34,7 @@ class Scope:
   names: dict[str, list[Binding]] = dataclasses.field(default_factory=dict)
   global_names: set[str] = dataclasses.field(default_factory=set)
   node: ast.AST | None = None  # the module, def, lambda, class or comprehension
+  walrus: set[str] = dataclasses.field(default_factory=set)  # names `:=` binds here
 
   def bind(self, name: str, binding: Binding) -> None:
     self.names.setdefault(name, []).append(binding)
@@ -247,6 +249,13 @@ class _Walker:
     self.generic(node, scope, guarded)
 
   # -- uses ----------------------------------------------------------------------
+
+  def visit_NamedExpr(self, node: ast.NamedExpr, scope: Scope, guarded: bool) -> None:
+    owner = scope  # in a comprehension `:=` binds in the scope around it
+    while owner.parent is not None and isinstance(owner.node, _COMPREHENSIONS):
+      owner = owner.parent
+    owner.walrus.add(node.target.id)
+    self.generic(node, scope, guarded)
 
   def visit_Name(self, node: ast.Name, scope: Scope, guarded: bool) -> None:
     if isinstance(node.ctx, ast.Load):

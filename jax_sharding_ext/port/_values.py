@@ -103,9 +103,11 @@ def _maps_mesh(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
 def _mesh_value(ctx: Context, func: ast.expr, scope: _scope.Scope) -> bool:
   """A value named like a mesh that may hold one (not an imported function such
   as `maps.mesh`, nor a value known to be something else)."""
+  last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+  if not _MESH_NAME.search(last):
+    return False
   parts = _scope.chain(func)
-  if parts is None or not _named_mesh(func) or any(
-      b.stmt is not None for b in scope.lookup(parts[0])):
+  if parts is None or any(b.stmt is not None for b in scope.lookup(parts[0])):
     return False
   return _kinds.kinds_of(ctx).of(func, scope) in ({_kinds.MESH}, {_kinds.UNKNOWN})
 
