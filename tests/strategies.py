@@ -730,3 +730,267 @@ def pjit_cases(draw) -> PjitCase:
   return PjitCase(mesh, spec, shape, draw(st.sampled_from(PJIT_IN)),
                   draw(st.sampled_from(PJIT_OUT)), draw(argnums), draw(argnums),
                   draw(st.sampled_from(PJIT_B)), draw(st.integers(0, 3)) > 0)
+
+
+# ---------------------------------------------------------------------------
+# Damaged checkpoints and bad checkpoint arguments (`test_fuzz_checkpoints.py`).
+# ---------------------------------------------------------------------------
+
+CHECKPOINT_FORMATS = ("gda", "stock", "zarr3", "zarr3_gzip", "zarr3_crc32c",
+                      "zarr3_transpose_zstd", "zarr3_big_blosc", "zarr3_sharded", "orbax")
+"""What a checkpoint is written as: zarr with the GDA-era metadata (gzip, the
+default of `serialization`) or stock's (`metadata="stock"`, zstd); zarr3
+with stock's metadata (no compression) or with a codec chain in the spec;
+orbax's `jax.Array` handler (OCDBT) through `orbax_support`."""
+
+CHECKPOINT_DTYPES = ("float32", "int32", "bfloat16", "uint8", "bool", "float16", "int8")
+
+CHECKPOINT_SAVES = {"serialization": ("run", "manager", "async", "async_futures"),
+         "orbax": ("pytree", "standard", "manager")}
+"""How a step is saved: `run_serialization`, the manager's `serialize`,
+`async_serialize` awaited, `async_serialize` with a commit-future list; orbax's
+PyTreeCheckpointer, StandardCheckpointer, CheckpointManager."""
+
+CHECKPOINT_RESTORES = ("run_mesh", "run_sharding", "async", "manager")
+CHECKPOINT_TARGETS = ("saved", "replicated", "one_device")
+"""Where a restore puts the array: the saved mesh and mesh axes, replicated on
+that mesh, or on one device."""
+
+CHECKPOINT_PLACES = ("absolute", "relative", "latest")
+"""How a step's path is spelled: absolute; relative to a working directory
+changed before each step's save and restore; through `latest`, a symbolic
+link re-pointed to the step before its save and restore."""
+
+CHECKPOINT_VALUES = ("random", "random", "zeros", "partly_zero")
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedArray:
+  """One array of a checkpoint: its mesh, mesh axes, global shape and dtype."""
+
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointDamage:
+  """One damage to a saved checkpoint.
+
+  `kind`: one of `CHECKPOINT_FILE_DAMAGE` or "edit". `step` and `array` pick the
+  directory (mod the number of steps, arrays); `file` a file of it in name
+  order (mod their number; for "edit" among the JSON files, for a second
+  damage among the chunks); `at` the bit to flip (bit `at % 8` of byte
+  `at // 8`), the length to truncate to, or the other step (all mod their
+  range); `edits` seeds, each picking one of the single-field edits the file
+  then allows.
+  """
+
+  kind: str
+  step: int = 0
+  array: int = 0
+  file: int = 0
+  at: int = 0
+  edits: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class DamagedCheckpoint:
+  """A checkpoint saved step by step, damaged, then restored (see the module)."""
+
+  format: str
+  arrays: tuple[SavedArray, ...]
+  steps: int
+  save: str
+  place: str
+  damage: tuple[CheckpointDamage, ...]
+  restore: str = "run_mesh"
+  target: str = "saved"
+  values: str = "random"
+  check_first: bool = True
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EditedCheckpoint:
+  """A checkpoint saved step by step; one JSON file of one step (metadata, a
+  record: `file` among them in name order) edited in every single-field way
+  (`_edits`), one edit at a time, restoring after each."""
+
+  format: str
+  arrays: tuple[SavedArray, ...]
+  steps: int
+  save: str
+  step: int = 0
+  array: int = 0
+  file: int = 0
+  restore: str = "run_mesh"
+  target: str = "saved"
+  values: str = "random"
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CutCheckpointCopy:
+  """A checkpoint saved step by step; one step copied file by file in name
+  order and the copy cut short at every point (the file at the cut half
+  written when `half_written`)."""
+
+  format: str
+  arrays: tuple[SavedArray, ...]
+  steps: int
+  save: str
+  step: int = 0
+  half_written: bool = False
+  restore: str = "run_mesh"
+  values: str = "random"
+  seed: int = 0
+
+
+def checkpoint_family(fmt: str) -> str:
+  return "orbax" if fmt == "orbax" else "serialization"
+
+
+@st.composite
+def _saved_arrays(draw) -> tuple[SavedArray, ...]:
+  n = draw(st.integers(1, 2))
+  out = []
+  for _ in range(n):
+    mesh, spec, shape, dtype = draw(sharded_arrays(max_rank=3, dtypes=CHECKPOINT_DTYPES))
+    out.append(SavedArray(mesh, spec, shape, dtype))
+  return tuple(out)
+
+
+CHECKPOINT_FILE_DAMAGE = ("delete", "truncate", "flip", "swap_step", "swap_array", "copy_step",
+               "uncommitted")
+CHECKPOINT_CHUNK_DAMAGE = ("delete", "truncate", "flip", "swap_step", "swap_array", "copy_step")
+
+
+@st.composite
+def checkpoint_damages(draw, kinds: tuple[str, ...]) -> CheckpointDamage:
+  kind = draw(st.sampled_from(kinds))
+  edits = tuple(draw(st.lists(st.integers(0, 255), min_size=1, max_size=4))) \
+      if kind == "edit" else ()
+  return CheckpointDamage(kind, draw(st.integers(0, 3)), draw(st.integers(0, 1)),
+                draw(st.integers(0, 63)), draw(st.integers(0, 1023)), edits)
+
+
+@st.composite
+def damaged_checkpoints(draw, places: tuple[str, ...] = ("absolute",),
+                        kinds: tuple[str, ...] = CHECKPOINT_FILE_DAMAGE) -> DamagedCheckpoint:
+  """A checkpoint and its damage: one of `kinds`, then maybe a chunk's;
+  `places`: how its steps' paths may be spelled."""
+  fmt = draw(st.sampled_from(CHECKPOINT_FORMATS))
+  family = checkpoint_family(fmt)
+  arrays = draw(_saved_arrays())
+  first = draw(checkpoint_damages(kinds))
+  more = tuple(draw(st.lists(checkpoint_damages(CHECKPOINT_CHUNK_DAMAGE), max_size=1)))
+  return DamagedCheckpoint(
+      fmt, arrays, draw(st.integers(1, 3)), draw(st.sampled_from(CHECKPOINT_SAVES[family])),
+      draw(st.sampled_from(places)), (first, *more), draw(st.sampled_from(CHECKPOINT_RESTORES)),
+      draw(st.sampled_from(CHECKPOINT_TARGETS)), draw(st.sampled_from(CHECKPOINT_VALUES)),
+      draw(st.booleans()), draw(st.integers(0, 2**16)))
+
+
+@st.composite
+def edited_checkpoints(draw) -> EditedCheckpoint:
+  fmt = draw(st.sampled_from(CHECKPOINT_FORMATS))
+  return EditedCheckpoint(
+      fmt, draw(_saved_arrays()), draw(st.integers(1, 2)),
+      draw(st.sampled_from(CHECKPOINT_SAVES[checkpoint_family(fmt)])), draw(st.integers(0, 1)),
+      draw(st.integers(0, 1)), draw(st.integers(0, 7)), draw(st.sampled_from(CHECKPOINT_RESTORES)),
+      draw(st.sampled_from(CHECKPOINT_TARGETS)), draw(st.sampled_from(CHECKPOINT_VALUES)),
+      draw(st.integers(0, 2**16)))
+
+
+@st.composite
+def cut_checkpoint_copies(draw) -> CutCheckpointCopy:
+  fmt = draw(st.sampled_from(CHECKPOINT_FORMATS))
+  steps = draw(st.integers(1, 2))
+  return CutCheckpointCopy(
+      fmt, draw(_saved_arrays()), steps,
+      draw(st.sampled_from(CHECKPOINT_SAVES[checkpoint_family(fmt)])),
+      draw(st.integers(0, steps - 1)), draw(st.booleans()),
+      draw(st.sampled_from(CHECKPOINT_RESTORES)), draw(st.sampled_from(CHECKPOINT_VALUES)),
+      draw(st.integers(0, 2**16)))
+
+
+CHECKPOINT_SAVE_CALLS = ("async_serialize", "run_serialization", "manager.serialize")
+CHECKPOINT_ORBAX_CALLS = ("orbax.restore", "gda_restore_args")
+CHECKPOINT_CALLS = (*CHECKPOINT_SAVE_CALLS, "async_deserialize", "run_deserialization",
+                    "manager.deserialize", *CHECKPOINT_ORBAX_CALLS)
+
+CHECKPOINT_SPECS = (
+    "good", "relative", "url", "trailing_slash", "spec_level_path", "cast", "ts_spec",
+    "memory", "ocdbt", "zarr3", "missing", "empty_path", "nul_in_path", "path_is_a_file",
+    "path_under_a_file", "no_kvstore", "no_driver", "unknown_driver", "kvstore_int",
+    "kvstore_unknown_driver", "extra_member", "metadata_wrong_shape", "metadata_zero_chunks",
+    "metadata_bad_chunks", "metadata_bad_dtype", "metadata_bad_compressor", "metadata_junk",
+    "base_dtype_mismatch", "zarr3_bad_codecs", "n5", "cast_bad_dtype", "str", "none", "list")
+"""How the tensorstore spec of a call is spelled or spoiled (`_spec_input`);
+"missing": a path where nothing is stored."""
+
+CHECKPOINT_TARGET_INPUTS = ("mesh", "named", "single_device", "mesh_of_one", None, 5,
+                            "the mesh", ("devices",))
+"""What a restore is asked to place the array onto: the saved mesh (the mesh
+form), a `NamedSharding`, a `SingleDeviceSharding`, a mesh of one device, or
+junk (a string, a number, a list of devices)."""
+
+_CHECKPOINT_ARG_JUNK = (None, 5, -1, 1.5, True, "x", "", (), ("x",), ("nope",), ("x", "x"),
+                        (("x", "x"),), [None, None, None, None], ("np.int64", 4), {"a": 1})
+"""Plain values to put where an argument goes; ("np.int64", n) is a numpy integer."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointCall:
+  """One call of a checkpoint function, some arguments bad (or odd but legal).
+
+  `array` is saved (for a restore: first, with a good spec); `spec` one of
+  `CHECKPOINT_SPECS`; `target` one of `CHECKPOINT_TARGET_INPUTS`; `mesh_axes` "saved" (the
+  array's) or a value; `global_shape` "saved", None or a value; `dtype`
+  None or a value; `metadata` the save's `metadata=`.
+  """
+
+  fn: str
+  array: SavedArray
+  spec: str = "good"
+  target: object = "mesh"
+  mesh_axes: object = "saved"
+  global_shape: object = None
+  dtype: object = None
+  metadata: object = "gda_serialization"
+
+
+@st.composite
+def checkpoint_calls(draw) -> CheckpointCall:
+  fn = draw(st.sampled_from(CHECKPOINT_CALLS))
+  mesh, spec, shape, dtype = draw(sharded_arrays(max_rank=2, dtypes=("float32", "int32")))
+  a = SavedArray(mesh, spec, shape, dtype)
+  rank = len(shape)
+  shapes = st.one_of(
+      st.sampled_from(("saved", None)),
+      st.lists(st.integers(0, 9), min_size=rank, max_size=rank).map(tuple),
+      st.lists(st.integers(-2, 9), min_size=0, max_size=rank + 1).map(tuple),
+      st.sampled_from(_CHECKPOINT_ARG_JUNK))
+  dtypes = st.sampled_from((None, "float32", "int8", "bfloat16", "bool", "uint16", "complex64",
+                            "nope", 5, "V8", "U3", "O", ("np.dtype", "<f4"), [("a", "<f4")]))
+  axes = st.one_of(st.just("saved"), st.sampled_from(_CHECKPOINT_ARG_JUNK),
+                   st.lists(st.sampled_from((None, "x", "y", "z", ("x", "y"))), max_size=3)
+                   .map(tuple))
+  if fn in CHECKPOINT_SAVE_CALLS:
+    fields: tuple[str, ...] = ("spec", "metadata")
+  elif fn in CHECKPOINT_ORBAX_CALLS:
+    fields = ("target", "mesh_axes", "global_shape", "dtype")
+  else:
+    fields = ("spec", "target", "mesh_axes", "global_shape", "dtype")
+  bad = draw(st.sets(st.sampled_from(fields), min_size=1, max_size=2))
+  return CheckpointCall(
+      fn, a,
+      draw(st.sampled_from(CHECKPOINT_SPECS)) if "spec" in bad else "good",
+      draw(st.sampled_from(CHECKPOINT_TARGET_INPUTS)) if "target" in bad else "mesh",
+      draw(axes) if "mesh_axes" in bad else "saved",
+      draw(shapes) if "global_shape" in bad else None,
+      draw(dtypes) if "dtype" in bad else None,
+      draw(st.sampled_from(("stock", "nope", None, 5, {"compressor": {"id": "gzip"}})))
+      if "metadata" in bad else "gda_serialization")
