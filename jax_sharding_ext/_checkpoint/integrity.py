@@ -11,12 +11,13 @@ value: `store_data_equal_to_fill_value`) and, once this process's writes are
 committed and before the checkpoint is, writes a record into the array's
 directory, one key per process, `jax_sharding_ext.chunks.<process index>`:
 a small JSON object with the array's shape, dtype, chunk shape and layout
-(how a chunk's bytes become values: zarr's `order` and byte order; zarr3's
-codecs up to the one that makes bytes of the array, with their
-configuration (`transpose` orders, the `bytes` codec's endian, a sharding
-codec's inner chunks and codecs), then the names of the codecs after it),
-the number of processes, and a fingerprint of each chunk file this process
-wrote (`checksum` names its kind):
+(how a chunk's bytes become values: zarr's `order` and byte order under
+`layout`; for zarr3, under `codecs`, its codecs up to the one that makes
+bytes of the array, with their configuration (`transpose` orders, the
+`bytes` codec's endian, a sharding codec's inner chunks and codecs), then
+the names of the codecs after it), the number of processes, and a
+fingerprint of each chunk file this process wrote (`checksum` names its
+kind):
 
 * "tail<n>": where the codec ends each chunk with a checksum of the chunk's
   contents (gzip: CRC-32 and length, 8 bytes; zlib: Adler-32, 4; zarr3
@@ -48,7 +49,8 @@ An array without records and without the mark (written by stock
 `array_serialization`, by the GDA-era module, which may leave out chunks
 equal to the fill value, or by jax_sharding_ext 0.1.0 and its records since
 lost) restores as before, unchecked. A zarr3 record of jax_sharding_ext
-0.1.0 has no layout (`{}`): its layout is not checked.
+0.1.0 has no `codecs`: its layout is not checked (and 0.1.0, which ignores
+`codecs`, still reads the records written now).
 
 Records are written where markers are (`locations.SHARED_WRITE_DRIVERS`); a
 chunk written by several processes (only with a chunking the spec gives
@@ -107,6 +109,7 @@ class Grid:
   key: Callable[[tuple[int, ...]], str]
   check: str  # the kind of fingerprint recorded per chunk: CRC32 or "tail<n>"
   layout: dict  # how values are laid out in a chunk (zarr v2 `order`, byte order)
+  codecs: list | None = None  # zarr3: the codecs that lay values out (`_zarr3_codecs`)
 
   def cells(self, regions: Sequence[Region]) -> list[tuple[int, ...]]:
     """The chunks (grid positions) that meet any of `regions`, in order."""
@@ -172,7 +175,7 @@ def _grid(driver: Any, metadata: dict, shape: tuple[int, ...]) -> Grid | None:
     codecs = metadata.get("codecs") or ()
     return Grid(shape, tuple(grid["configuration"]["chunk_shape"]),
                 _zarr3_key(metadata.get("chunk_key_encoding") or {"name": "default"}),
-                _zarr3_check(codecs), _zarr3_layout(codecs))
+                _zarr3_check(codecs), {}, _zarr3_codecs(codecs))
   return None
 
 
@@ -181,7 +184,7 @@ def _grid(driver: Any, metadata: dict, shape: tuple[int, ...]) -> Grid | None:
 _ARRAY_TO_BYTES = frozenset({"bytes", "sharding_indexed"})
 
 
-def _zarr3_layout(codecs: Sequence[Any]) -> dict:
+def _zarr3_codecs(codecs: Sequence[Any]) -> list[dict]:
   """How a zarr3 chunk's bytes become values (tensorstore's normalized
   codecs): every codec up to the one that makes bytes of the array, with its
   configuration (a `transpose` order, the `bytes` codec's endian, a sharding
@@ -194,7 +197,7 @@ def _zarr3_layout(codecs: Sequence[Any]) -> dict:
                     if isinstance(codec, dict) else (codec, {}))
     out.append({"name": name} if on_bytes else {"name": name, "configuration": config})
     on_bytes = on_bytes or name in _ARRAY_TO_BYTES
-  return {"codecs": out}
+  return out
 
 
 def _byte_order(metadata: dict) -> str:
@@ -270,7 +273,8 @@ async def _write_record(regions: Sequence[Region], spec: Any, fresh: bool) -> No
   record = {"format": _FORMAT, "written_by": "jax_sharding_ext",
             "process": jax.process_index(), "processes": jax.process_count(),
             "shape": list(grid.shape), "dtype": dtype, "chunk_shape": list(grid.chunk),
-            "layout": grid.layout, "checksum": grid.check,
+            "layout": grid.layout, **({} if grid.codecs is None else {"codecs": grid.codecs}),
+            "checksum": grid.check,
             "chunks": dict(zip(keys, prints, strict=True))}
   await directory.put(RECORD_PREFIX + str(jax.process_index()),
                       json.dumps(record, separators=(",", ":")).encode())
@@ -359,7 +363,8 @@ async def _read_records(directory: Directory, at: str) -> dict | None:
   if len(parsed) != n:
     missing = [RECORD_PREFIX + str(i) for i, r in enumerate(records) if r is None]
     raise _damaged(at, directory.loc, f"its chunk records {missing} are missing")
-  if any(p[f] != parsed[0][f] for p in parsed for f in _SAME_IN_EVERY_RECORD):
+  if any(p.get(f) != parsed[0].get(f) for p in parsed
+         for f in (*_SAME_IN_EVERY_RECORD, "codecs")):
     raise _damaged(at, directory.loc, "its chunk records do not belong to one save")
   merged = dict(parsed[0], chunks={})
   for p in parsed:
@@ -401,11 +406,11 @@ async def check_read(spec: Any, t: ts.TensorStore, sharding: jax.sharding.Shardi
   if record is None:
     return
   found, dtype = grid_of(t)
-  layout = found.layout if found else None
-  if record["layout"] == {} and found is not None and "codecs" in found.layout:
-    layout = {}  # a zarr3 record of jax_sharding_ext 0.1.0, which kept no layout
-  stored = (list(found.shape), dtype, list(found.chunk), layout) if found else None
-  recorded = (record["shape"], record["dtype"], record["chunk_shape"], record["layout"])
+  # A zarr3 record of jax_sharding_ext 0.1.0 has no `codecs`: not checked then.
+  codecs = found.codecs if found is not None and "codecs" in record else None
+  stored = (list(found.shape), dtype, list(found.chunk), found.layout, codecs) if found else None
+  recorded = (record["shape"], record["dtype"], record["chunk_shape"], record["layout"],
+              record.get("codecs"))
   if found is None or stored != recorded:
     raise _damaged(at, directory.loc, f"its metadata (shape, dtype, chunk shape, layout "
                    f"{stored}) differs from the recorded {recorded}")
