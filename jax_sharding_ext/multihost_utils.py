@@ -29,7 +29,8 @@ is an error naming the path, raised on every process, never processes
 aborted in mismatched collectives; `assert_equal` then names the leaf whose
 values differ and shows them. The conversions check their arguments (a
 `global_mesh` that is no `Mesh`, a spec that is no `PartitionSpec`, uses an
-axis twice or partitions a dimension beyond its leaf's rank) and raise a
+axis twice, names one the mesh lacks or partitions a dimension beyond its
+leaf's rank) and raise a
 `TypeError` / `ValueError` naming the argument or the leaf.
 
 Porting: `from jax.experimental import multihost_utils` becomes
@@ -179,14 +180,17 @@ def _checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
   them with an `AttributeError`, an `IndexError` or an exception of its own
   class), and prepare the leaves for stock.
 
-  `global_mesh` must be a `Mesh`; each spec a `PartitionSpec` that uses a
-  mesh axis at most once and has no axis beyond its leaf's rank; for
-  `host_local_array_to_global_array`, each local leaf must divide evenly
-  over the local mesh, a Python scalar leaf is taken as its numpy value, and
-  a concrete device array of another sharding is placed on the local
-  sharding first (stock fails inside `batched_device_put` for a multi-device
-  array it must slice). The checks read only shapes, which are static, so
-  they also run on traced leaves; a traced leaf is handed to stock unchanged.
+  `global_mesh` must be a `Mesh` and each spec a `PartitionSpec` that names
+  only axes of the mesh, each at most once (an empty tree's specs are
+  checked too). A leaf that stock converts (not one that is already what
+  `fn` makes, which stock returns as it is) must have no spec entry beyond
+  its rank and divide evenly: a local leaf over the local mesh, a global one
+  over `global_mesh`. A Python scalar leaf is taken as its numpy value, and
+  for `host_local_array_to_global_array` a concrete device array of another
+  sharding is placed on the local sharding first (stock fails inside
+  `batched_device_put` for a multi-device array it must slice). The checks
+  read only shapes, which are static, so they also run on traced leaves; a
+  traced leaf is handed to stock unchanged.
   """
   arg = "local_inputs" if fn == "host_local_array_to_global_array" else "global_inputs"
   if not isinstance(global_mesh, jax.sharding.Mesh):
@@ -213,6 +217,9 @@ def _checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
       where = jax.tree_util.keystr((*path, *subpath)) or arg
       if isinstance(x, bool | int | float | complex):
         x = np.asarray(x)  # stock reads `.dtype` / `.shape` off the Python scalar
+      if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+          and x.is_fully_addressable == (fn == "global_array_to_host_local_array")):
+        return x  # already what `fn` makes: stock returns it as it is
       shape = np.shape(x)
       used = [dim for dim, entry in enumerate(spec) if entry is not None]
       if used and used[-1] >= len(shape):
@@ -222,6 +229,8 @@ def _checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
             f"{len(shape)} entries for it (trailing `None`s are fine).")
       if fn == "host_local_array_to_global_array":
         return _fits_local_mesh(fn, x, where, shape, spec, global_mesh)
+      _fits_global_mesh(fn, where, shape, spec, global_mesh)
+      _local_mesh(fn, global_mesh)
       return x
     out.append(jax.tree_util.tree_map_with_path(one, sub))
   return jax.tree_util.tree_unflatten(spec_def, out)
@@ -249,9 +258,32 @@ def _check_spec(fn: str, spec: Any, where: str, mesh: jax.sharding.Mesh) -> None
         "each mesh axis may partition at most one dimension.")
 
 
+def _fits_global_mesh(fn: str, where: str, shape: tuple, spec: PartitionSpec,
+                      global_mesh: jax.sharding.Mesh) -> None:
+  for dim, entry in enumerate(spec):
+    names = entry if isinstance(entry, tuple) else (entry,)
+    parts = int(np.prod([global_mesh.shape[n] for n in names if n is not None]))
+    if dim < len(shape) and shape[dim] % parts:
+      raise ValueError(
+          f"`{fn}`: the global input {where} of shape {shape} cannot be split with "
+          f"pspec {spec}: its dimension {dim} ({shape[dim]}) must divide evenly over the "
+          f"{parts} devices along {entry!r} of `global_mesh` {dict(global_mesh.shape)}.")
+
+
+def _local_mesh(fn: str, global_mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+  try:
+    return global_mesh.local_mesh
+  except ValueError as e:  # JAX's message names neither the argument nor the mesh
+    raise ValueError(
+        f"`{fn}`: `global_mesh` {dict(global_mesh.shape)} does not give this process's "
+        f"devices a contiguous block ({e}). Order the devices so that each process's "
+        "devices are a sub-block of the mesh, e.g. `Mesh(np.array(jax.devices())"
+        ".reshape(jax.process_count(), -1), ...)`.") from None
+
+
 def _fits_local_mesh(fn: str, x: Any, where: str, shape: tuple, spec: PartitionSpec,
                      global_mesh: jax.sharding.Mesh) -> Any:
-  local_mesh = global_mesh.local_mesh
+  local_mesh = _local_mesh(fn, global_mesh)
   for dim, entry in enumerate(spec):
     names = entry if isinstance(entry, tuple) else (entry,)
     parts = int(np.prod([local_mesh.shape[n] for n in names

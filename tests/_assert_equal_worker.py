@@ -85,7 +85,15 @@ SCENARIOS = {
     "allgather_ok": lambda: mu.process_allgather({"v": np.full(2, PID, np.int32)})["v"].tolist(),
     "broadcast_dtype": lambda: mu.broadcast_one_to_all({"seed": np.int32(1) if LAST else F32(1)}),
     "broadcast_ok": lambda: mu.broadcast_one_to_all({"seed": np.int32(10 + PID)})["seed"].tolist(),
+    # the conversions: a mesh whose processes' devices are not blocks
+    "interleaved_mesh": lambda: mu.host_local_array_to_global_array(
+        {"x": np.ones(4, F32)}, interleaved(), P("x")),
 }
+
+
+def interleaved():
+  devices = np.array(jax.devices()).reshape(N, -1)  # process-major
+  return Mesh(devices.T.reshape(-1), ("x",))
 
 
 def main():
