@@ -371,6 +371,7 @@ def _raised_everywhere(scenarios, name, exc_type):
   return messages.pop()
 
 
+@pytest.mark.multiprocess
 def test_assert_equal_passes_equal_trees_of_every_leaf_kind(scenarios):
   """Numpy, `jax.Array`, Python and numpy scalars, None, an empty array and
   a GDA replicated over every process, the same everywhere: passes."""
@@ -378,6 +379,7 @@ def test_assert_equal_passes_equal_trees_of_every_leaf_kind(scenarios):
   assert all(found["equal"] == {"outcome": "ok", "value": None} for found in per_process)
 
 
+@pytest.mark.multiprocess
 def test_assert_equal_names_the_leaf_and_the_first_differing_element(scenarios):
   """A value deep in a big array: the message names the leaf's path and
   shows the first differing index, each process's element there and how
@@ -393,6 +395,7 @@ def test_assert_equal_names_the_leaf_and_the_first_differing_element(scenarios):
   assert "..." not in msg
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name,path,shown", [
     ("int", "['table']", ["in 2 of 12 elements", "index (0, 2)", " 2;", "has 3.",
                           "[[ 0,  1,  3,  3], [ 4,  5,  6,  8]"]),
@@ -413,6 +416,7 @@ def test_assert_equal_shows_each_processs_value(scenarios, name, path, shown):
     assert text in msg, (text, msg)
 
 
+@pytest.mark.multiprocess
 def test_assert_equal_shows_every_processs_scalar(scenarios):
   n, _ = scenarios
   msg = _raised_everywhere(scenarios, "scalar", "AssertionError")
@@ -420,6 +424,7 @@ def test_assert_equal_shows_every_processs_scalar(scenarios):
       f"process {i} has {i}" for i in range(n)) + "."), msg
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name,path,theirs,last", [
     # Stock read the int32 bytes as float32 (and the reverse) and printed those.
     ("dtype", "['x']", "an array of dtype float32 and shape (4,)",
@@ -448,6 +453,7 @@ def test_assert_equal_names_where_structure_dtype_or_shape_differ(
   assert f"process {n - 1} has {last}" in msg, msg
 
 
+@pytest.mark.multiprocess
 def test_assert_equal_takes_nan_everywhere_as_equal(scenarios):
   """NaN at the same place on every process passes (stock's `==` failed it
   on every process, naming no difference)."""
@@ -455,6 +461,7 @@ def test_assert_equal_takes_nan_everywhere_as_equal(scenarios):
   assert all(found["nan_everywhere"]["outcome"] == "ok" for found in per_process)
 
 
+@pytest.mark.multiprocess
 def test_assert_equal_refuses_bad_leaves_on_every_process(scenarios):
   """A leaf that is not an array on one process only, and a GDA sharded
   across processes: every process raises, naming the leaf (a refusal on
@@ -468,6 +475,7 @@ def test_assert_equal_refuses_bad_leaves_on_every_process(scenarios):
   assert "process_allgather" in msg, msg
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name,text", [
     ("allgather_shape", "`process_allgather` needs `in_tree` with the same structure, shapes "
                         "and dtypes on every process, but the processes' trees differ at "
@@ -488,6 +496,7 @@ def test_gathers_refuse_trees_that_differ_between_processes(scenarios, name, tex
   assert msg.startswith(text), msg
 
 
+@pytest.mark.multiprocess
 def test_gathers_of_agreeing_trees_work_as_stock(scenarios):
   n, per_process = scenarios
   for found in per_process:
@@ -495,6 +504,7 @@ def test_gathers_of_agreeing_trees_work_as_stock(scenarios):
     assert found["broadcast_ok"] == {"outcome": "ok", "value": 10}
 
 
+@pytest.mark.multiprocess
 def test_a_mesh_that_splits_a_processs_devices_names_global_mesh(scenarios):
   """A mesh whose order interleaves the processes' devices: a ValueError
   naming `global_mesh` and how to order it (stock's names neither)."""
