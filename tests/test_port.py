@@ -775,7 +775,8 @@ def test_every_code_is_documented():
 
 # -- a `with` is rewritten only where every value that reaches it is a `Mesh` ----
 
-WITH_HEAD = ("import contextlib\nimport jax\nimport numpy as np\nfrom jax.sharding import Mesh\n"
+WITH_HEAD = ("import contextlib\nfrom typing import Optional\nimport jax\nimport numpy as np\n"
+             "from jax.sharding import Mesh\n"
              "def devices():\n  return np.asarray(jax.devices())\n")
 
 
@@ -795,6 +796,17 @@ WITH_HEAD = ("import contextlib\nimport jax\nimport numpy as np\nfrom jax.shardi
     ("def f(mesh: Mesh):\n  with mesh:\n    pass\n", True),
     ("def f(mesh: 'jax.sharding.Mesh'):\n  with mesh:\n    pass\n", True),
     ("def f(mesh):\n  with mesh:\n    pass\n", False),
+    # `Optional[Mesh]`: a `Mesh` where a test made sure it is not None.
+    ("def f(mesh: Optional[Mesh] = None, axes=None):\n"
+     "  if mesh is not None and axes is not None:\n    with mesh:\n      pass\n", True),
+    ("def f(mesh: 'Mesh | None'):\n  if mesh is None:\n    raise ValueError()\n"
+     "  with mesh:\n    pass\n", True),
+    ("def f(mesh: Optional[Mesh] = None):\n  with mesh:\n    pass\n", False),
+    ("def f(mesh: Optional[Mesh]):\n  if mesh is not None:\n    mesh = g()\n"
+     "    with mesh:\n      pass\n", False),
+    # A method's assignment of `self.mesh` is the attribute's, not the class body's.
+    ("class T:\n  def __init__(self, mesh: Mesh):\n    self.mesh = mesh\n"
+     "  def run(self):\n    with self.mesh:\n      pass\n", True),
     # The project's own functions, by what every `return` gives.
     ("def make():\n  return Mesh(devices(), ('x',))\ndef f():\n  mesh = make()\n"
      "  with mesh:\n    pass\n", True),

@@ -51,9 +51,8 @@ def walrus_names(body: list[ast.stmt]) -> frozenset[str]:
     node = stack.pop()
     if isinstance(node, ast.NamedExpr):
       names.add(node.target.id)
-    for child in ast.iter_child_nodes(node):
-      if not isinstance(child, _SCOPES):
-        stack.append(child)
+    if not isinstance(node, _SCOPES):
+      stack.extend(ast.iter_child_nodes(node))
   return frozenset(names)
 
 

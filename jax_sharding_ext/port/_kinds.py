@@ -38,6 +38,7 @@ MESH_MAKER = "Mesh class"
 PARTIAL = "functools.partial"
 LIBRARY = "another library's callable"
 LIBRARY_OUT = "what another library's callable returned"
+NONE = "None"
 OTHER = "other"
 UNKNOWN = "unknown"
 
@@ -129,6 +130,51 @@ def enclosing(stmts: list[ast.stmt], node: ast.AST) -> ast.stmt | None:
   return None
 
 
+def path_to(body: list[ast.stmt], target: ast.stmt) -> list[tuple[list[ast.stmt], int]] | None:
+  """The blocks from `body` down to `target`, with the place in each of the
+  statement that holds (or is) `target`."""
+  for i, s in enumerate(body):
+    if s is target:
+      return [(body, i)]
+    if isinstance(s, _SCOPES):
+      continue
+    blocks = [getattr(s, f, None) or [] for f in ("body", "orelse", "finalbody")]
+    blocks += [h.body for h in getattr(s, "handlers", None) or []]
+    blocks += [c.body for c in getattr(s, "cases", None) or []]
+    for block in blocks:
+      if block and isinstance(block[0], ast.stmt):
+        inner = path_to(block, target)
+        if inner is not None:
+          return [(body, i), *inner]
+  return None
+
+
+def _contains(outer: ast.stmt, inner: ast.stmt) -> bool:
+  return path_to([outer], inner) is not None
+
+
+def _conjuncts(test: ast.expr) -> list[ast.expr]:
+  if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+    return [c for v in test.values for c in _conjuncts(v)]
+  return [test]
+
+
+def _compares(test: ast.expr, name: str, op: type) -> bool:
+  return (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], op)
+          and isinstance(test.left, ast.Name) and test.left.id == name
+          and isinstance(test.comparators[0], ast.Constant)
+          and test.comparators[0].value is None)
+
+
+def _tests_not_none(test: ast.expr, name: str) -> bool:
+  return any(_compares(c, name, ast.IsNot) for c in _conjuncts(test))
+
+
+def _tests_is_none(test: ast.expr, name: str) -> bool:
+  return (_compares(test, name, ast.Is) or isinstance(test, ast.BoolOp)
+          and isinstance(test.op, ast.Or) and any(_compares(v, name, ast.Is) for v in test.values))
+
+
 def body_of(scope: _scope.Scope) -> list[ast.stmt] | None:
   node = scope.node
   if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -155,12 +201,13 @@ def terminates(stmts: list[ast.stmt]) -> bool:
 
 
 def _own(node: ast.AST):
-  """The nodes of a function's own body (not of functions and classes inside it)."""
+  """The nodes of a function's own body (not inside functions and classes in it)."""
   stack = list(ast.iter_child_nodes(node))
   while stack:
     n = stack.pop()
     yield n
-    stack.extend(c for c in ast.iter_child_nodes(n) if not isinstance(c, _SCOPES))
+    if not isinstance(n, _SCOPES):
+      stack.extend(ast.iter_child_nodes(n))
 
 
 class Kinds:
@@ -196,7 +243,7 @@ class Kinds:
       inner = self.of(node.value, scope)
       return inner if inner <= _LEAVES else frozenset({UNKNOWN})
     if isinstance(node, ast.Constant):
-      return frozenset({OTHER})
+      return frozenset({NONE if node.value is None else OTHER})
     if isinstance(node, ast.Attribute):
       return self.attribute(node, scope)
     return frozenset({UNKNOWN})
@@ -293,7 +340,28 @@ class Kinds:
       defs = self._everywhere(owner, name)
     elif owner.kind == "module":
       defs |= self._global_writes(name)
-    return self._defs(defs, owner)
+    kinds = self._defs(defs, owner)
+    if NONE in kinds and self._not_none(body, name, stmt, entry, owner, defs):
+      kinds = (kinds - {NONE}) or frozenset({UNKNOWN})
+    return kinds
+
+  def _not_none(self, body: list[ast.stmt], name: str, stmt: ast.stmt, entry: frozenset,
+                scope: _scope.Scope, defs: frozenset) -> bool:
+    """`name` is not None at `stmt`: it runs in the body of an `if` that tested
+    `name is not None` (or after an `if name is None:` that never falls
+    through), and no binding of `name` came in between."""
+    for block, i in path_to(body, stmt) or []:
+      guard = block[i]
+      if (isinstance(guard, ast.If) and _tests_not_none(guard.test, name)
+          and any(s is stmt or _contains(s, stmt) for s in guard.body)):
+        if _flow.reaching(body, name, guard, entry, scope.walrus) == defs:
+          return True
+      for before in block[:i]:
+        if (isinstance(before, ast.If) and not before.orelse and terminates(before.body)
+            and _tests_is_none(before.test, name)
+            and _flow.reaching(body, name, before, entry, scope.walrus) == defs):
+          return True
+    return False
 
   def _entry(self, scope: _scope.Scope, name: str) -> frozenset:
     node = scope.node
@@ -367,6 +435,7 @@ class Kinds:
     return kinds
 
   def annotation(self, node: ast.expr | None, scope: _scope.Scope) -> frozenset:
+    """`Mesh` (through any import), `Optional[...]` / `... | None` of what it holds."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
       try:
         node = ast.parse(node.value, mode="eval").body
@@ -374,6 +443,17 @@ class Kinds:
         return frozenset({UNKNOWN})
     if node is None:
       return frozenset({UNKNOWN})
+    if isinstance(node, ast.Constant) and node.value is None:
+      return frozenset({NONE})
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+      return self.annotation(node.left, scope) | self.annotation(node.right, scope)
+    if isinstance(node, ast.Subscript):
+      generic = {s.rpartition(".")[2] for s in self.ctx.symbols(node.value, scope)}
+      inner = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+      if "Optional" in generic and len(inner) == 1:
+        return self.annotation(inner[0], scope) | {NONE}
+      if "Union" in generic:
+        return frozenset().union(*(self.annotation(e, scope) for e in inner))
     if any(is_mesh_class(s) for s in self.ctx.symbols(node, scope)):
       return frozenset({MESH})
     return frozenset({UNKNOWN})
@@ -398,9 +478,9 @@ class Kinds:
         if isinstance(n, ast.Yield | ast.YieldFrom | ast.Await):
           return frozenset({OTHER})
         if isinstance(n, ast.Return):
-          out |= self.of(n.value, scope) if n.value is not None else {OTHER}
+          out |= self.of(n.value, scope) if n.value is not None else {NONE}
       if not terminates(node.body):
-        out.add(OTHER)
+        out.add(NONE)
       return frozenset(out)
     finally:
       busy.discard(key)

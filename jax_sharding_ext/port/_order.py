@@ -31,24 +31,6 @@ def _computes(symbol: str) -> bool:
   return module == "jax" and name.startswith(_DEVICE_PREFIXES)
 
 
-def _path(body: list[ast.stmt], target: ast.stmt) -> list[tuple[list[ast.stmt], int]] | None:
-  """The blocks from `body` down to `target`, with its place in each."""
-  for i, s in enumerate(body):
-    if s is target:
-      return [(body, i)]
-    if isinstance(s, _SCOPES):
-      continue
-    blocks = [getattr(s, f, None) or [] for f in ("body", "orelse", "finalbody")]
-    blocks += [h.body for h in getattr(s, "handlers", None) or []]
-    blocks += [c.body for c in getattr(s, "cases", None) or []]
-    for block in blocks:
-      if block and isinstance(block[0], ast.stmt):
-        inner = _path(block, target)
-        if inner is not None:
-          return [(body, i), *inner]
-  return None
-
-
 def _first_computation(ctx: Context, stmts: list[ast.stmt], scope: _scope.Scope
                        ) -> ast.Call | None:
   kinds = _kinds.kinds_of(ctx)
@@ -77,7 +59,7 @@ def judge(ctx: Context) -> None:
       continue
     body = _kinds.body_of(scope)
     stmt = _kinds.enclosing(body, call) if body is not None else None
-    path = _path(body, stmt) if body is not None and stmt is not None else None
+    path = _kinds.path_to(body, stmt) if body is not None and stmt is not None else None
     if path is None:
       continue
     before = [s for block, i in path for s in block[:i]]
