@@ -78,6 +78,9 @@ SCENARIOS = {
     "not_array_on_one": lambda: mu.assert_equal({"name": "run" if LAST else np.ones(2)},
                                                 "names"),
     "sharded_gda": lambda: mu.assert_equal({"w": sharded()}, "sharded"),
+    "sharded_array": lambda: mu.assert_equal({"w": sharded().to_jax_array()}, "sharded"),
+    "replicated_array": lambda: mu.assert_equal(
+        {"w": replicated(float(LAST)).to_jax_array()}, "replicas"),
     # process_allgather and broadcast_one_to_all: layouts must agree
     "allgather_shape": lambda: mu.process_allgather({"batch": np.ones(3 if LAST else 4, F32)}),
     "allgather_structure": lambda: mu.process_allgather(

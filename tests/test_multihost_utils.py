@@ -471,8 +471,23 @@ def test_assert_equal_refuses_bad_leaves_on_every_process(scenarios):
   assert msg.startswith(f"process {n - 1} refused its input: `assert_equal` takes arrays"), msg
   assert "the leaf ['name'] is a str ('run')" in msg, msg
   msg = _raised_everywhere(scenarios, "sharded_gda", "ValueError")
-  assert "sharded as P('g',) across processes at ['w']" in msg, msg
+  assert msg.startswith("`assert_equal` got a GlobalDeviceArray of shape (16,) sharded as "
+                        "P('g',) across processes at ['w']"), msg
   assert "process_allgather" in msg, msg
+
+
+@pytest.mark.multiprocess
+def test_assert_equal_on_a_global_jax_array_keeps_stocks_rule_or_names_it(scenarios):
+  """A fully replicated global `jax.Array` is not compared (stock: each
+  process checks its replica against itself), even when the replicas
+  differ; one sharded across processes is the GDA's ValueError naming the
+  leaf (stock compared its first shard with the global value: a broadcasting
+  error, or for some shapes a wrong comparison)."""
+  _, per_process = scenarios
+  assert all(found["replicated_array"]["outcome"] == "ok" for found in per_process)
+  msg = _raised_everywhere(scenarios, "sharded_array", "ValueError")
+  assert msg.startswith("`assert_equal` got a jax.Array of shape (16,) sharded as P('g',) "
+                        "across processes at ['w']"), msg
 
 
 @pytest.mark.multiprocess
