@@ -2,9 +2,10 @@
 
 The multi-process behaviour (2 and 4 real processes) is in
 `test_multiprocess.py`; here: the surface matches stock's, leaves come back
-as the kind they went in, GDA-era semantics, and clear errors. The 2-process
-`assert_equal` test at the end runs `_multihost_worker.py` through the same
-harness.
+as the kind they went in, GDA-era semantics, and clear errors. The tests at
+the end run real processes through the same harness: `_multihost_worker.py`
+(2 processes) and `_assert_equal_worker.py` (2 and 4), whose scenarios give
+each process its own tree.
 """
 
 import inspect
