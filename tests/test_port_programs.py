@@ -6,10 +6,14 @@ training and checkpoint code (legacy `pjit` with `FROM_GDA`, `with mesh:`,
 `gda_serialization` / `multihost_utils` imports and module attributes,
 `jax.config` as a module, the `jax.tree_*` aliases, the output flag,
 `.device_buffers`, `.device()`, orbax restore args asking for GDAs, a
-notebook). The test runs the command line as a user would (a subprocess),
-then the rewritten program in a fresh process on 8 virtual CPU devices with
-DeprecationWarnings as errors, and checks what it computed. The unported
-program does not even import on today's JAX.
+notebook; a project whose mesh comes from another of its files, a `with`
+over a value that is a `Mesh` on one branch only, reads of the legacy mesh,
+names JAX moved, unused imports of removed names, GDA attributes of a jit
+output with the output flag off, a copy of an old orbax, a notebook that
+initialises the distributed runtime late). The test runs the command line as
+a user would (a subprocess), then the rewritten program in a fresh process
+on 8 virtual CPU devices with DeprecationWarnings as errors, and checks what
+it computed. The unported programs do not even import on today's JAX.
 """
 
 import json
@@ -176,14 +180,20 @@ def result(res):
   return found[0]
 
 
+def _contents(path):
+  if path.is_dir():
+    return {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+  return path.read_bytes()
+
+
 def write_once(path, cwd):
-  """`--write` on `path`; returns (its output lines, stderr). A second `--write`
-  changes nothing."""
+  """`--write` on `path` (a file or a directory); returns (its output lines,
+  stderr). A second `--write` changes nothing."""
   res = port("--write", path, cwd=cwd)
   assert res.returncode in (0, 1), res.stderr
-  first = path.read_bytes()
+  first = _contents(path)
   again = port("--write", path, cwd=cwd)
-  assert path.read_bytes() == first and "in 0 files" in again.stderr, again.stderr
+  assert _contents(path) == first and "in 0 files" in again.stderr, again.stderr
   return res.stdout.splitlines(), res.stderr
 
 
@@ -249,3 +259,217 @@ def test_notebook_runs_after_write(tmp_path):
   script.write_text("\n".join(line for s in sources for line in s.splitlines()
                               if not line.startswith("%")) + "\n")
   assert result(run(script)) == f"{2 * sum(range(16))}.0 8"
+
+
+# -- a project of two files: values followed across files, reads of the mesh -----
+
+MESHES = '''\
+"""The project's mesh helpers (a module of its own)."""
+import numpy as np
+import jax
+from jax.experimental import maps
+
+
+def get_mesh(config):
+  devices = np.asarray(jax.devices()).reshape(config["shape"])
+  return maps.Mesh(devices, config["axes"])
+'''
+
+PROJECT_TRAIN = '''\
+"""Training code of a project whose mesh comes from another of its files."""
+import contextlib
+import sys
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax.experimental import maps
+from jax.experimental import PartitionSpec as P
+from jax.experimental.pjit import pjit, with_sharding_constraint
+from jax.experimental.sharding import Sharding
+from jax.sharding import OpShardingSharding
+from jax.abstract_arrays import ShapedArray
+from jax.random import KeyArray
+from jax._src.config import parallel_functions_output_gda
+from meshes import get_mesh
+
+CONFIG = {"shape": (4, 2), "axes": ("data", "model")}
+
+
+def global_mesh_defined():
+  maps_env = maps.thread_resources.env
+  return maps_env.physical_mesh.devices.shape != ()
+
+
+def constrain(x):
+  if global_mesh_defined():
+    return with_sharding_constraint(x, P("data", None))
+  return x
+
+
+def init(key: KeyArray) -> jnp.ndarray:
+  return jax.random.normal(key, (16, 4))
+
+
+def run(use_mesh):
+  mesh = get_mesh(CONFIG)
+  if use_mesh:
+    context_manager = mesh
+  else:
+    context_manager = contextlib.nullcontext()
+  with context_manager:
+    inside = global_mesh_defined()
+  step = pjit(lambda x: constrain(x) * 2, in_axis_resources=P("data", None),
+              out_axis_resources=P("data", None))
+  x = init(jax.random.PRNGKey(0))
+  with mesh, parallel_functions_output_gda(True):
+    defined = global_mesh_defined()
+    out = step(x)
+  aval = ShapedArray(out.shape, out.dtype)
+  return inside, defined, type(out).__name__, isinstance(out.sharding, Sharding), aval.shape
+
+
+if __name__ == "__main__":
+  print("RESULT", run(use_mesh=False), global_mesh_defined())
+'''
+
+
+def test_a_project_runs_after_write(tmp_path):
+  """The mesh comes from the project's other file; a `with` over a value that
+  is a `Mesh` on one branch only is left (its common branch runs); reads of
+  the legacy mesh see `jax.set_mesh`'s; names JAX moved are where it has them;
+  an import of a removed name nothing uses goes."""
+  (tmp_path / "meshes.py").write_text(MESHES)
+  script = tmp_path / "train.py"
+  script.write_text(PROJECT_TRAIN)
+  left, err = write_once(tmp_path, tmp_path)
+  text = script.read_text()
+  line = text.splitlines().index("  with context_manager:") + 1  # a `Mesh` on one branch only
+  assert [ln.split(" ", 2)[:2] for ln in left] == [[f"{script}:{line}:8:", "JSE204"]], left
+  assert "with jax.set_mesh(mesh), parallel_functions_output_gda(True):" in text
+  assert "OpShardingSharding" not in text and "maps." not in text
+  assert "def init(key: jax.Array) -> jnp.ndarray:" in text
+  out = result(run(script))
+  assert out == "(False, True, 'GlobalDeviceArray', True, (16, 4)) False", out
+
+
+# -- the output flag never turned on: a jit output is a `jax.Array` ---------------
+
+FLAG_OFF = '''\
+"""A snippet that reads GDA attributes of a pjit output, the output flag off."""
+import numpy as np
+import jax
+from jax.experimental.maps import Mesh
+from jax.experimental import PartitionSpec as P
+from jax.experimental.pjit import pjit
+
+
+def describe(x):  # a ShardedDeviceArray's attributes: reported, not called here
+  return x.sharding_spec
+
+
+def shard_indices(x):
+  return jax.pmap(lambda v: v)(x).indices
+
+
+mesh = Mesh(np.asarray(jax.devices()), ("x",))
+f = pjit(lambda x: x * 2, in_axis_resources=P("x"), out_axis_resources=P("x"))
+with mesh:
+  out = f(np.arange(16.0))
+shards = out.local_shards
+print("RESULT", len(shards), out.local_data(0).shape, type(out).__name__)
+'''
+
+
+def test_gda_attributes_of_a_jit_output_with_the_flag_off_run_after_write(tmp_path):
+  script = tmp_path / "snippet.py"
+  script.write_text(FLAG_OFF)
+  left, _ = write_once(script, tmp_path)
+  assert sorted(ln.split(": ")[1].split()[0] for ln in left) == ["JSE314", "JSE314"], left
+  assert "out.addressable_shards" in script.read_text()
+  assert result(run(script)) == "8 (2,) ArrayImpl"
+
+
+# -- a copy of an old orbax in the project ------------------------------------------
+
+VENDORED_ORBAX = '''\
+"""A copy of an old orbax, as a project vendors it (its API, not today's)."""
+import jax
+
+
+class ArrayRestoreArgs:
+  def __init__(self, restore_type=None, mesh=None, mesh_axes=None):
+    self.restore_type, self.mesh, self.mesh_axes = restore_type, mesh, mesh_axes
+
+
+def restore(value, args):
+  return args.restore_type.from_callback(value.shape, args.mesh, args.mesh_axes,
+                                         lambda index: value[index])
+'''
+
+VENDORED_USER = '''\
+"""Restoring a GDA through the project's own copy of orbax."""
+import numpy as np
+import jax
+import orbax.checkpoint as ocp
+from jax.experimental.maps import Mesh
+from jax.experimental import PartitionSpec as P
+from jax.experimental.global_device_array import GlobalDeviceArray
+
+mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("x", "y"))
+args = ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, mesh=mesh, mesh_axes=P("x", "y"))
+gda = ocp.restore(np.arange(16.0).reshape(8, 2), args)
+print("RESULT", type(gda).__name__, len(gda.local_shards))
+'''
+
+
+def test_code_using_a_vendored_orbax_runs_after_write(tmp_path):
+  """`jax_sharding_ext.orbax_support` would import today's orbax, which the
+  copy shadows here: `--write` does not add it."""
+  (tmp_path / "orbax" / "checkpoint").mkdir(parents=True)
+  (tmp_path / "orbax" / "__init__.py").write_text("")
+  (tmp_path / "orbax" / "checkpoint" / "__init__.py").write_text(VENDORED_ORBAX)
+  script = tmp_path / "restore.py"
+  script.write_text(VENDORED_USER)
+  write_once(tmp_path, tmp_path)
+  assert "orbax_support" not in script.read_text()
+  assert result(run(script)) == "GlobalDeviceArray 8"
+
+
+# -- a notebook that initialised the distributed runtime late ----------------------
+
+LATE_INIT_CELLS = [
+    "import socket\nimport numpy as np\nimport jax\n"
+    "from jax.experimental import PartitionSpec as P\nfrom jax.experimental.maps import Mesh",
+    "# Devices: caf\u00e9 \u2014 an unchanged cell keeps its bytes\nprint(jax.devices()[:1])",
+    "s = socket.socket(); s.bind(('localhost', 0)); port = s.getsockname()[1]; s.close()\n"
+    "jax.distributed.initialize(f'localhost:{port}', 1, 0)",
+    "mesh = Mesh(np.asarray(jax.devices()), ('x',))\n"
+    "x = jax.tree_map(lambda a: a * 2,\n                 np.arange(8.0))\n"
+    "print('RESULT', jax.process_count(), x.sum())",
+]
+
+
+def test_a_notebook_initializing_late_is_reported_where_to_move_it(tmp_path):
+  """Today's JAX refuses `jax.distributed.initialize()` after a computation:
+  `--write` reports the call (moving code is the author's choice); made where
+  the report says, the notebook runs. Cells `--write` does not change keep
+  their bytes."""
+  cells = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+            "source": c.splitlines(keepends=True)} for c in LATE_INIT_CELLS]
+  raw = json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5},
+                   indent=1) + "\n"  # escapes non-ASCII characters, as json writes
+  path = tmp_path / "late.ipynb"
+  path.write_text(raw)
+  left, _ = write_once(path, tmp_path)
+  assert [ln.split(": ")[0] for ln in left] == [f"{path}:cell 3:2:1"], left
+  assert "JSE209" in left[0] and "jax.devices(...)" in left[0]
+  data = path.read_text()
+  unchanged = json.dumps(cells[1], indent=1).replace("\n", "\n  ")
+  assert unchanged in raw and unchanged in data
+  sources = ["".join(c["source"]) for c in json.loads(data)["cells"]]
+  assert "jax.tree_util.tree_map(lambda a: a * 2,\n                           np.arange" in sources[3]
+  script = tmp_path / "late.py"
+  script.write_text("\n".join(sources) + "\n")
+  assert "must be called before any JAX" in run(script).stderr
+  script.write_text("\n".join([sources[0], sources[2], sources[1], sources[3]]) + "\n")
+  assert result(run(script)) == f"1 {2 * sum(range(8))}.0"
