@@ -176,8 +176,12 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   choice = _metadata.checked_metadata_choice(fn, metadata)
   (arr,), (spec,) = _checks.checked_arrays(fn, [arr_inp], [tensorstore_spec], choice)
   fresh = [_locations.new_local_path(spec)]
-  await asyncio.gather(_checks.check_targets(fn, [spec], choice),
-                       _saving.check_host_copy(fn, [arr]))
+  # Both checks finish before either error is raised: this runs in the
+  # caller's event loop, which may close as soon as the error reaches it.
+  for error in await asyncio.gather(_checks.check_targets(fn, [spec], choice),
+                                    _saving.check_host_copy(fn, [arr]), return_exceptions=True):
+    if isinstance(error, BaseException):
+      raise error
   await _integrity.start_records([spec])
   if commit_future is None:
     regions = _integrity.written_regions(arr)
