@@ -996,3 +996,94 @@ def checkpoint_calls(draw) -> CheckpointCall:
       draw(dtypes) if "dtype" in bad else None,
       draw(st.sampled_from(("stock", "nope", None, 5, {"compressor": {"id": "gzip"}})))
       if "metadata" in bad else "gda_serialization")
+
+
+# ---------------------------------------------------------------------------
+# Porting (`test_fuzz_port.py`): GDA-era modules and notebooks for the porting
+# assistant, with which `with` items surely see a `Mesh` and which lines no
+# rule touches.
+# ---------------------------------------------------------------------------
+
+_PORT_MESH_IMPORTS = (  # (import line, how it spells the Mesh class)
+    ("from jax.experimental.maps import Mesh as {a}", "{a}"),
+    ("from jax.experimental import maps as {a}", "{a}.Mesh"),
+    ("import jax.experimental.maps as {a}", "{a}.Mesh"),
+    ("from jax.sharding import Mesh as {a}", "{a}"),
+    ("from jax.interpreters.pxla import Mesh as {a}", "{a}"),
+)
+_PORT_UNUSED = ("from jax.sharding import OpShardingSharding",
+                "from jax.experimental.maps import xmap as {a}_xmap",
+                "from jax.interpreters.pxla import ShardingSpec, Replicated")
+_PORT_MESHES = ("{mesh}(np.asarray(jax.devices()), ('x',))",
+                "jax.make_mesh((len(jax.devices()),), ('x',))", "make_mesh()")
+_PORT_OTHERS = ("contextlib.nullcontext()", "threading.Lock()", "None", "maybe_mesh(flag)",
+                "flag", "open(__file__)")
+_PORT_KEEP = ("# caf\u00e9 \u2014 a comment\tthat stays", "", "s = 'a\\tb  \\u00e9'  ",
+              "t = (1,\n     2)", "def helper(x):\n  return x  # stays", "u = r'\\d+'")
+_PORT_CONSTRUCTS = (
+    "x = jax.tree_map(lambda a: a,\n                 [1, 2])",
+    "y = jax.tree_util.tree_multimap(lambda a, b: a,\n                                [1], [2])",
+    "def init(key: jax.random.KeyArray) -> 'jax.random.KeyArray':\n  return key",
+    "def shape_of(v):\n  return jax.ShapedArray(v.shape, v.dtype)",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PortSnippet:
+  """A GDA-era module as data. `parts` are its chunks in order, each
+  `(kind, text)`: a "keep" chunk holds nothing GDA-era and comes back byte
+  for byte; the others hold what the assistant judges. `meshes` / `others`:
+  the names a `with` enters whose every value is a `Mesh` / some value is
+  not. `newline` is the module's line ending; with `notebook`, each chunk is
+  a code cell."""
+
+  parts: tuple[tuple[str, str], ...]
+  meshes: tuple[str, ...]
+  others: tuple[str, ...]
+  newline: str = "\n"
+  notebook: bool = False
+
+  def text(self) -> str:
+    return self.newline.join(t.replace("\n", self.newline) for _, t in self.parts) + self.newline
+
+
+@st.composite
+def port_snippets(draw) -> PortSnippet:
+  """A module: imports (aliased, some of removed names nothing uses), helper
+  functions returning a `Mesh` (or maybe None), functions entering values
+  made on one or more paths (straight, both branches of an `if`, an `if`
+  expression, a loop, a `try`), renames whose call spans lines, annotations
+  of removed classes, and lines no rule touches, shuffled."""
+  alias = draw(st.sampled_from(("maps", "M", "mesh_lib", "legacy")))
+  line, spelled = draw(st.sampled_from(_PORT_MESH_IMPORTS))
+  mesh = spelled.format(a=alias)
+  head = ["import contextlib\nimport threading\nimport numpy as np\nimport jax",
+          line.format(a=alias)]
+  head += [u.format(a=alias) for u in draw(st.lists(st.sampled_from(_PORT_UNUSED),
+                                                       max_size=2, unique=True))]
+  parts: list[tuple[str, str]] = [("head", "\n".join(head))]
+  parts.append(("helpers", f"def make_mesh():\n  return {mesh}(np.asarray(jax.devices()), "
+                f"('x',))\ndef maybe_mesh(flag):\n  if flag:\n    return make_mesh()"))
+  body: list[tuple[str, str]] = []
+  meshes, others = [], []
+  for k in range(draw(st.integers(1, 4))):
+    shape = draw(st.sampled_from(("straight", "branches", "ifexp", "loop", "try")))
+    count = 1 if shape == "straight" else 2
+    values = draw(st.lists(st.one_of(st.sampled_from(_PORT_MESHES).map(lambda v: (True, v)),
+                                     st.sampled_from(_PORT_OTHERS).map(lambda v: (False, v))),
+                           min_size=count, max_size=count))
+    a, b = (v.format(mesh=mesh) for _, v in (values * 2)[:2])
+    name = f"m{k}"
+    assign = {"straight": f"  {name} = {a}",
+              "branches": f"  if flag:\n    {name} = {a}\n  else:\n    {name} = {b}",
+              "ifexp": f"  {name} = {a} if flag else {b}",
+              "loop": f"  {name} = {a}\n  for _ in items:\n    {name} = {b}",
+              "try": f"  try:\n    {name} = {a}\n  except ValueError:\n    {name} = {b}"}[shape]
+    body.append(("with", f"def run{k}(flag, items):\n{assign}\n  with {name}:\n    pass"))
+    (meshes if all(ok for ok, _ in values) else others).append(name)
+  body += [("construct", c) for c in draw(st.lists(st.sampled_from(_PORT_CONSTRUCTS),
+                                                     max_size=3, unique=True))]
+  body += [("keep", c) for c in draw(st.lists(st.sampled_from(_PORT_KEEP), max_size=4))]
+  parts += draw(st.permutations(body))
+  return PortSnippet(tuple(parts), tuple(meshes), tuple(others),
+                     draw(st.sampled_from(("\n", "\r\n"))), draw(st.booleans()))
