@@ -984,30 +984,30 @@ def _orbax_restore(c: CheckpointCall, where: pathlib.Path, shape: Any, dtype: An
 
 
 @given(damaged_checkpoints(kinds=CHECKPOINT_FILE_DAMAGE + ("edit",)))
-@budget(20)
+@budget(35)
 def test_a_damaged_checkpoint_restores_exactly_or_raises(example):
   isolated("test_fuzz_checkpoints:check_damaged_checkpoint", example)
 
 
 @given(edited_checkpoints())
-@budget(3)
+@budget(5)
 def test_every_single_field_edit_of_a_checkpoint_restores_exactly_or_raises(example):
   isolated("test_fuzz_checkpoints:check_every_edit", example)
 
 
 @given(damaged_checkpoints(places=("relative", "latest"), kinds=CHECKPOINT_FILE_DAMAGE + ("edit",)))
-@budget(10)
+@budget(15)
 def test_a_checkpoint_saved_through_moved_paths_restores_exactly_or_raises(example):
   isolated("test_fuzz_checkpoints:check_damaged_checkpoint", example)
 
 
 @given(cut_checkpoint_copies())
-@budget(5)
+@budget(8)
 def test_a_copy_cut_short_restores_exactly_or_raises(example):
   isolated("test_fuzz_checkpoints:check_cut_copy", example)
 
 
 @given(checkpoint_calls())
-@budget(15)
+@budget(30)
 def test_bad_checkpoint_arguments_get_a_clear_error_or_stocks_behaviour(example):
   isolated("test_fuzz_checkpoints:check_checkpoint_call", example)
