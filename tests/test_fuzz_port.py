@@ -72,7 +72,7 @@ def _cell_spans(raw: str) -> list[str]:
 
 
 @given(port_snippets())
-@budget(40)
+@budget(120)
 def test_write_is_idempotent_keeps_untouched_bytes_and_rewrites_only_meshes(snippet):
   """`--write` compiles, is idempotent, keeps every untouched line's bytes, and
   rewrites a `with` exactly when every value reaching it is a `Mesh`."""
