@@ -6,15 +6,21 @@ prints one finding per line, `path:line:col: CODE message`:
 
 - `JSE1xx`: an import of a GDA-era name this package provides
   (`GlobalDeviceArray`, legacy `pjit`, `FROM_GDA`, `Mesh`, `PartitionSpec`,
-  `multihost_utils`, `serialization`, the `global_device_array` module, ...).
+  `multihost_utils`, `serialization`, the `global_device_array` module,
+  `parallel_functions_output_gda`, ...).
 - `JSE2xx`: a use whose meaning changed (`jax.config.jax_array`,
-  `with mesh:`, stock `multihost_utils` reached through a module, ...).
-- `JSE3xx`: a JAX API removed (`jax.tree_map`, `xmap`, `ShardedDeviceArray`,
-  a name the installed JAX does not have, ...).
+  `with mesh:`, stock `multihost_utils` reached through a module, a GDA's
+  attributes of a `jax.Array`, `jax.distributed.initialize()` after a
+  computation, ...).
+- `JSE3xx`: a JAX API removed or moved (`jax.tree_map`, `xmap`,
+  `ShardedDeviceArray` and its attributes, `thread_resources`, a name the
+  installed JAX does not have, ...).
 
 `--write` makes every change that has one meaning (the message of such a
 finding ends with "(--write fixes this)"), in place, and prints what is left;
-`--diff` shows the diff. What is left names the exact change to make.
+`--diff` shows the diff. What is left names the exact change to make. The
+files of one run are one project: a rule that follows a value into another
+file (a function that makes the mesh) reads it there.
 
 `check(source)` and `fix(source)` do the same for one module's source. They
 need libcst (`pip install 'jax-sharding-ext[port]'`), imported only when

@@ -6,12 +6,16 @@ the calls, `with` items, decorators and watched attributes. The imports are
 planned first (`_imports`): a name bound by an import that `--write` points
 elsewhere is *redirected*, and its uses are judged by what they reach after
 the rewrite. A use is then, by the longest matching prefix of its symbol:
-renamed (`_rules.RENAMES`: fixed in place), reported (`_reports.REPORTS`), or,
-under `jax`, checked against the installed JAX (`JSE311` when missing). The
-rules on values (`with mesh:`, `.device_buffers`, ...) are in `_values`. An
-import of a removed name that nothing uses once the rewrites are made goes.
-A `from M import *` of a GDA-era module is judged by the names the module
-uses and binds nowhere (`_star_imports`).
+renamed (`_rules.rename_for`: this package's names, and where JAX moved the
+name, `_moves`; a removed array class in an annotation is `jax.Array`; a
+read of the legacy mesh is `current_mesh()`, `_mesh_env`), reported
+(`_reports.REPORTS`), or, under `jax`, checked against the installed JAX
+(`JSE311` when missing, with JAX's own note). The rules on values (`with
+mesh:`, `.device_buffers`, array attributes, ...) are in `_values` and
+`_arrays`, the order of `jax.distributed.initialize()` in `_order`. An import
+of a removed name that nothing uses once the rewrites are made goes (a name
+in `__all__` is used). A `from M import *` of a GDA-era module is judged by
+the names the module uses and binds nowhere (`_star_imports`).
 """
 
 from __future__ import annotations

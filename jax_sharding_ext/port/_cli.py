@@ -1,9 +1,12 @@
 """`python -m jax_sharding_ext.port PATH...`: the command line of the porting tool.
 
 Files are handled one at a time (read, checked, rewritten with `--write`),
-so memory does not grow with the tree. A file that cannot be read or does
-not parse is reported on stderr and the run goes on; the exit status is then
-2. Otherwise it is 1 when findings are left (those not `--ignore`d), else 0.
+so memory does not grow with the tree; the files of the run are one project
+(`_project`), whose other files a rule reads only when it follows a value
+into them. A file that cannot be read or does not parse (or that meets a
+defect of the tool) is reported on stderr, left as it is, and the run goes
+on; the exit status is then 2. Otherwise it is 1 when findings are left
+(those not `--ignore`d), else 0.
 `-` reads a module from stdin; with `--write` the rewritten module goes to
 stdout and the findings left to stderr.
 """

@@ -61,10 +61,8 @@ def _missing(symbol: str) -> str | None:
   parts = symbol.split(".")
   if parts[0] not in _jaxnames.ROOTS:
     return None
-  for n in range(2, len(parts) + 1):
-    if not _jaxnames.has(".".join(parts[:n])):
-      return ".".join(parts[:n])
-  return None
+  have = _moves.first_missing(symbol)
+  return ".".join(parts[:have + 1]) if have < len(parts) else None
 
 
 def missing_note(node: ast.AST | None, symbol: str, shown: str) -> Note | None:

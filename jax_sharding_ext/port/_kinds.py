@@ -24,7 +24,7 @@ import sys
 import weakref
 from typing import Any
 
-from jax_sharding_ext.port import _flow, _jaxnames, _moves, _rules, _scope
+from jax_sharding_ext.port import _blocks, _flow, _jaxnames, _moves, _rules, _scope
 
 MESH = "Mesh"
 JIT = "jax.jit"             # a callable that makes a jitted function (`jax.jit`, `pjit`)
@@ -45,7 +45,6 @@ UNKNOWN = "unknown"
 _CALLED = {MESH_MAKER: MESH, JIT: JITTED, PMAP: PMAPPED, JITTED: JIT_OUT, PMAPPED: ARRAY,
            ARRAY_MAKER: ARRAY, LIBRARY: LIBRARY_OUT}
 _LEAVES = frozenset({JIT_OUT, ARRAY})  # kinds whose parts (subscripts, unpacked) are the same
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -109,105 +108,6 @@ def _returns_mesh(obj: Any) -> bool:
   if isinstance(annotation, str):
     return annotation.rpartition(".")[2] == "Mesh"
   return annotation is _mesh_class()
-
-
-def enclosing(stmts: list[ast.stmt], node: ast.AST) -> ast.stmt | None:
-  """The innermost statement of `stmts` (and the blocks inside them, not
-  nested scopes) that contains `node`."""
-  pos = (node.lineno, node.col_offset)  # type: ignore[attr-defined]
-  for s in stmts:
-    if (s.lineno, s.col_offset) <= pos <= (s.end_lineno, s.end_col_offset):
-      if not isinstance(s, _SCOPES):
-        blocks = [getattr(s, f, None) or [] for f in ("body", "orelse", "finalbody")]
-        blocks += [h.body for h in getattr(s, "handlers", None) or []]
-        blocks += [c.body for c in getattr(s, "cases", None) or []]
-        for block in blocks:
-          if block and isinstance(block[0], ast.stmt):
-            inner = enclosing(block, node)
-            if inner is not None:
-              return inner
-      return s
-  return None
-
-
-def path_to(body: list[ast.stmt], target: ast.stmt) -> list[tuple[list[ast.stmt], int]] | None:
-  """The blocks from `body` down to `target`, with the place in each of the
-  statement that holds (or is) `target`."""
-  for i, s in enumerate(body):
-    if s is target:
-      return [(body, i)]
-    if isinstance(s, _SCOPES):
-      continue
-    blocks = [getattr(s, f, None) or [] for f in ("body", "orelse", "finalbody")]
-    blocks += [h.body for h in getattr(s, "handlers", None) or []]
-    blocks += [c.body for c in getattr(s, "cases", None) or []]
-    for block in blocks:
-      if block and isinstance(block[0], ast.stmt):
-        inner = path_to(block, target)
-        if inner is not None:
-          return [(body, i), *inner]
-  return None
-
-
-def _contains(outer: ast.stmt, inner: ast.stmt) -> bool:
-  return path_to([outer], inner) is not None
-
-
-def _conjuncts(test: ast.expr) -> list[ast.expr]:
-  if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-    return [c for v in test.values for c in _conjuncts(v)]
-  return [test]
-
-
-def _compares(test: ast.expr, name: str, op: type) -> bool:
-  return (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], op)
-          and isinstance(test.left, ast.Name) and test.left.id == name
-          and isinstance(test.comparators[0], ast.Constant)
-          and test.comparators[0].value is None)
-
-
-def _tests_not_none(test: ast.expr, name: str) -> bool:
-  return any(_compares(c, name, ast.IsNot) for c in _conjuncts(test))
-
-
-def _tests_is_none(test: ast.expr, name: str) -> bool:
-  return (_compares(test, name, ast.Is) or isinstance(test, ast.BoolOp)
-          and isinstance(test.op, ast.Or) and any(_compares(v, name, ast.Is) for v in test.values))
-
-
-def body_of(scope: _scope.Scope) -> list[ast.stmt] | None:
-  node = scope.node
-  if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-    return node.body
-  return None
-
-
-def terminates(stmts: list[ast.stmt]) -> bool:
-  """Whether running `stmts` surely ends in `return` / `raise` (never falls off the end)."""
-  if not stmts:
-    return False
-  last = stmts[-1]
-  if isinstance(last, ast.Return | ast.Raise):
-    return True
-  if isinstance(last, ast.If):
-    return terminates(last.body) and terminates(last.orelse)
-  if isinstance(last, ast.With | ast.AsyncWith):
-    return terminates(last.body)
-  if isinstance(last, ast.Try):
-    return terminates(last.finalbody) or (
-        terminates(last.body + last.orelse) if last.orelse else terminates(last.body)) and all(
-            terminates(h.body) for h in last.handlers)
-  return False
-
-
-def _own(node: ast.AST):
-  """The nodes of a function's own body (not inside functions and classes in it)."""
-  stack = list(ast.iter_child_nodes(node))
-  while stack:
-    n = stack.pop()
-    yield n
-    if not isinstance(n, _SCOPES):
-      stack.extend(ast.iter_child_nodes(n))
 
 
 class Kinds:
@@ -300,8 +200,8 @@ class Kinds:
       self._attrs = {}
       scopes = [self.ctx.walk.module, *self.ctx.walk.scopes.values()]
       for scope in scopes:
-        body = body_of(scope)
-        for s in (n for n in _own(ast.Module(body=body or [], type_ignores=[]))
+        body = _blocks.body_of(scope)
+        for s in (n for n in _blocks.own(ast.Module(body=body or [], type_ignores=[]))
                   if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None):
           targets = s.targets if isinstance(s, ast.Assign) else [s.target]
           for t in targets:
@@ -328,8 +228,8 @@ class Kinds:
       if binder is None:
         return frozenset({UNKNOWN})  # a builtin, or a star import's
       return self._defs(self._everywhere(binder, name), binder)
-    body = body_of(owner)
-    stmt = enclosing(body, at) if body is not None and owner is scope else None
+    body = _blocks.body_of(owner)
+    stmt = _blocks.enclosing(body, at) if body is not None and owner is scope else None
     if body is None:
       return frozenset({UNKNOWN})
     if stmt is None:
@@ -350,15 +250,15 @@ class Kinds:
     """`name` is not None at `stmt`: it runs in the body of an `if` that tested
     `name is not None` (or after an `if name is None:` that never falls
     through), and no binding of `name` came in between."""
-    for block, i in path_to(body, stmt) or []:
+    for block, i in _blocks.path_to(body, stmt) or []:
       guard = block[i]
-      if (isinstance(guard, ast.If) and _tests_not_none(guard.test, name)
-          and any(s is stmt or _contains(s, stmt) for s in guard.body)):
+      if (isinstance(guard, ast.If) and _blocks.tests_not_none(guard.test, name)
+          and any(s is stmt or _blocks.contains(s, stmt) for s in guard.body)):
         if _flow.reaching(body, name, guard, entry, scope.walrus) == defs:
           return True
       for before in block[:i]:
-        if (isinstance(before, ast.If) and not before.orelse and terminates(before.body)
-            and _tests_is_none(before.test, name)
+        if (isinstance(before, ast.If) and not before.orelse and _blocks.terminates(before.body)
+            and _blocks.tests_is_none(before.test, name)
             and _flow.reaching(body, name, before, entry, scope.walrus) == defs):
           return True
     return False
@@ -373,7 +273,7 @@ class Kinds:
     return frozenset({_flow.UNBOUND})
 
   def _everywhere(self, scope: _scope.Scope, name: str) -> frozenset:
-    body = body_of(scope)
+    body = _blocks.body_of(scope)
     if body is None:
       return frozenset({_flow.Def("other")})
     defs = _flow.bindings(body, name, scope.walrus) | (self._entry(scope, name) - {_flow.UNBOUND})
@@ -384,7 +284,7 @@ class Kinds:
   def _global_writes(self, name: str) -> frozenset:
     out: set = set()
     for scope in self.ctx.walk.scopes.values():
-      body = body_of(scope)
+      body = _blocks.body_of(scope)
       if name in scope.global_names and body is not None:
         out |= _flow.bindings(body, name, scope.walrus)
     return frozenset(out)
@@ -474,12 +374,12 @@ class Kinds:
     busy.add(key)
     try:
       out: set = set()
-      for n in _own(node):
+      for n in _blocks.own(node):
         if isinstance(n, ast.Yield | ast.YieldFrom | ast.Await):
           return frozenset({OTHER})
         if isinstance(n, ast.Return):
           out |= self.of(n.value, scope) if n.value is not None else {NONE}
-      if not terminates(node.body):
+      if not _blocks.terminates(node.body):
         out.add(NONE)
       return frozenset(out)
     finally:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 
-from jax_sharding_ext.port import _kinds, _reports, _rules, _scope
+from jax_sharding_ext.port import _blocks, _reports, _rules, _scope
 from jax_sharding_ext.port._context import Context
 
 READER = f"{_rules.PKG}.current_mesh()"
@@ -43,8 +43,8 @@ def environment(ctx: Context, node: ast.expr, symbol: str, scope: _scope.Scope) 
   parts = symbol.split(".")
   if parts[0] != "jax" or parts[-2:] != ["thread_resources", "env"]:
     return False
-  body = _kinds.body_of(scope)
-  stmt = _kinds.enclosing(body, node) if body is not None else None
+  body = _blocks.body_of(scope)
+  stmt = _blocks.enclosing(body, node) if body is not None else None
   if (not isinstance(stmt, ast.Assign) or stmt.value is not node or len(stmt.targets) != 1
       or not isinstance(stmt.targets[0], ast.Name) or scope.kind != "function"):
     return False

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import ast
 
-from jax_sharding_ext.port import _kinds, _reports, _scope
+from jax_sharding_ext.port import _blocks, _kinds, _reports, _scope
 from jax_sharding_ext.port._context import Context
 
 _ARRAY_MODULES = ("jax.numpy.", "jax.random.", "jax.lax.", "jax.nn.", "jax.scipy.")
 _DEVICE_PREFIXES = ("device", "devices", "local_device", "process_")
 _INITIALIZE = "jax.distributed.initialize"
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
 def _computes(symbol: str) -> bool:
@@ -38,7 +37,7 @@ def _first_computation(ctx: Context, stmts: list[ast.stmt], scope: _scope.Scope
     stack: list[ast.AST] = [stmt]
     while stack:
       node = stack.pop()
-      if isinstance(node, _SCOPES):
+      if isinstance(node, _blocks.SCOPES):
         continue
       if isinstance(node, ast.Call):
         if any(_computes(s) for s in ctx.symbols(node.func, scope)):
@@ -57,9 +56,9 @@ def judge(ctx: Context) -> None:
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
     if name != last or _INITIALIZE not in ctx.symbols(func, scope):
       continue
-    body = _kinds.body_of(scope)
-    stmt = _kinds.enclosing(body, call) if body is not None else None
-    path = _kinds.path_to(body, stmt) if body is not None and stmt is not None else None
+    body = _blocks.body_of(scope)
+    stmt = _blocks.enclosing(body, call) if body is not None else None
+    path = _blocks.path_to(body, stmt) if body is not None and stmt is not None else None
     if path is None:
       continue
     before = [s for block, i in path for s in block[:i]]

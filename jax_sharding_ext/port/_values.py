@@ -3,15 +3,18 @@
 - `jax.config.update("jax_array", ...)` / reads of the options this package
   defines: the package import is added when the module has none.
 - `with mesh:` becomes `with jax.set_mesh(mesh):` (`with mesh as m:` becomes
-  `with jax.set_mesh(m := mesh):`, as `jax.set_mesh` enters to None); a
-  `maps.mesh(devices, names)` call becomes
+  `with jax.set_mesh(m := mesh):`, as `jax.set_mesh` enters to None) where
+  every value that can reach `mesh` is a `Mesh` (`_kinds`); where only some
+  may be, or nothing is known of a value named like a mesh, it is reported.
+  A `maps.mesh(devices, names)` call becomes
   `jax.set_mesh(jax.sharding.Mesh(devices, names))`.
 - `with_sharding_constraint(..., axis_resources=...)`: the keyword is `shardings`.
 - `x.device_buffers` becomes `[s.data for s in x.addressable_shards]`,
   `x.device_buffer` `x.addressable_data(0)`, `x.device()` `x.device` (unless
   the module defines such a member itself); `x._device_buffers` and a `Mesh`
-  used as a decorator are reported.
-- GDA-era orbax code gets `import jax_sharding_ext.orbax_support`.
+  used as a decorator are reported; the other attributes of removed and GDA
+  arrays are `_arrays`'.
+- GDA-era code using today's orbax gets `import jax_sharding_ext.orbax_support`.
 """
 
 from __future__ import annotations
