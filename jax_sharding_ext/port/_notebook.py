@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import json
 import re
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,7 +79,9 @@ def load(raw: bytes, path: str) -> Notebook:
       lines[0] = _HELD.format(len(nb.held) - 1)
     masked = "\n".join(_hold(nb, line) for line in lines)
     try:
-      ast.parse(masked, f"{path}:cell {number}")
+      with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. invalid escape sequences: Python runs them
+        ast.parse(masked, f"{path}:cell {number}")
     except SyntaxError as e:
       nb.broken[number] = e
       continue
