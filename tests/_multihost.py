@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,11 +83,24 @@ class Run:
 
 
 def _start(script, i, num_processes, port, local_devices, args, env):
-  return subprocess.Popen(
+  # Output goes to files, not pipes: nothing reads a pipe until the workers
+  # end, and a worker that printed more than a pipe holds would block.
+  out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+  p = subprocess.Popen(
       [sys.executable, "-W", "error", str(script), str(i), str(num_processes), str(port),
        str(local_devices), *map(str, args)],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(REPO),
-      start_new_session=True)
+      stdout=out, stderr=err, env=env, cwd=str(REPO), start_new_session=True)
+  p.outputs = (out, err)
+  return p
+
+
+def _read(p: subprocess.Popen) -> tuple[str, str]:
+  texts = []
+  for f in p.outputs:
+    f.seek(0)
+    texts.append(f.read().decode(errors="replace"))
+    f.close()
+  return texts[0], texts[1]
 
 
 def _kill(p: subprocess.Popen) -> None:
@@ -124,10 +138,9 @@ def _once(script, num_processes, local_devices, args, timeout, port, stop_on_fai
   finally:
     for p in procs:
       _kill(p)
-    outputs = []
     for p in procs:
-      out, err = p.communicate(timeout=30)
-      outputs.append((out.decode(errors="replace"), err.decode(errors="replace")))
+      p.wait(timeout=30)
+    outputs = [_read(p) for p in procs]
   return Run([p.returncode for p in procs], outputs, timed_out, first_failed,
              time.monotonic() - start, [port])
 
