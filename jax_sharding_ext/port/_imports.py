@@ -78,6 +78,11 @@ def missing_note(node: ast.AST | None, symbol: str, shown: str) -> Note | None:
       return Note(node, found[1].code, _reports.render(found[0], found[1], shown))
     missing = _missing(moved) or moved
   message = _reports.JSE311.format(shown=shown, version=_jaxnames.version(), missing=missing)
+  name = missing.rpartition(".")[2]
+  if name in _reports.OPTIONS:  # the state object of an option this package defines
+    return Note(node, "JSE311", f"{message}; `{name}` is an option this package defines: "
+                f"read it as `jax.config.{name}`, set it with `jax.config.update({name!r}, "
+                "...)` once `jax_sharding_ext` is imported")
   note = _moves.removal_note(missing)
   return Note(node, "JSE311", f"{message} (JAX: {note})" if note else message)
 
