@@ -338,6 +338,7 @@ def test_snippet_findings(case):
 
 def test_no_finding_without_gda_era_code():
   assert port.check("import jax\nprint(jax.devices())\n") == []
+  assert port.check("import jax.numpy as jnp\nx = jnp.newaxis\n") == []  # a name that is None
   assert port.check(b"") == []
 
 

@@ -84,7 +84,11 @@ def missing_note(node: ast.AST | None, symbol: str, shown: str) -> Note | None:
                 f"read it as `jax.config.{name}`, set it with `jax.config.update({name!r}, "
                 "...)` once `jax_sharding_ext` is imported")
   note = _moves.removal_note(missing)
-  return Note(node, "JSE311", f"{message} (JAX: {note})" if note else message)
+  if note:
+    return Note(node, "JSE311", f"{message} (JAX: {note})")
+  private = any(p.startswith("_") for p in missing.split(".")[1:])
+  return Note(node, "JSE311", message + _reports.JSE311_NO_HOME[
+      "private" if private else "public"])
 
 
 def report_note(node: ast.AST | None, symbol: str, shown: str) -> Note | None:

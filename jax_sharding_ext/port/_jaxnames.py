@@ -23,16 +23,18 @@ from typing import Any
 
 ROOTS = ("jax", "jaxlib")
 _UNKNOWN = object()
+_MISSING = object()
 
 
 def _attr(obj: Any, name: str) -> Any:
-  """`obj.name`, None when it is surely missing, `_UNKNOWN` when asking failed."""
+  """`obj.name` (`jnp.newaxis` is None), `_MISSING` when it is surely missing,
+  `_UNKNOWN` when asking failed."""
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     try:
       return getattr(obj, name)
     except AttributeError:
-      return None
+      return _MISSING
     except Exception:  # a module's `__getattr__` may raise anything
       return _UNKNOWN
 
@@ -71,9 +73,9 @@ def has(dotted: str, loaded: bool = False) -> bool:
     name = ".".join(parts[:i + 1])
     if isinstance(obj, types.ModuleType):
       value = _attr(obj, parts[i])
-      if value is None:
-        value = sys.modules.get(name)
-      if value is None:
+      if value is _MISSING:
+        value = sys.modules.get(name, _MISSING)
+      if value is _MISSING:
         if not _submodule_exists(obj, name):
           return False
         value = _import(name)
@@ -81,7 +83,7 @@ def has(dotted: str, loaded: bool = False) -> bool:
           return not loaded
     elif isinstance(obj, type) or obj is _config():
       value = _attr(obj, parts[i])
-      if value is None:
+      if value is _MISSING:
         return False
     else:
       return True
@@ -99,7 +101,7 @@ def value(dotted: str) -> Any:
     return None
   parent = sys.modules.get(module) or _import(module)
   found = _attr(parent, name) if parent is not None else None
-  return None if found is _UNKNOWN else found
+  return None if found is _UNKNOWN or found is _MISSING else found
 
 
 @functools.cache

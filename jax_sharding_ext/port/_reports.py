@@ -83,6 +83,9 @@ REPORTS: dict[str, Report] = {
         "`PartitionSpec`)"),
     "jax.sharding.PmapSharding": _removed(
         "jax.sharding.PmapSharding", "`jax.sharding.NamedSharding` over a 1-axis `Mesh`"),
+    "jax.sharding.PositionalSharding": _removed(
+        "jax.sharding.PositionalSharding", "`jax.sharding.NamedSharding` (a `Mesh` of the "
+        "devices and a `PartitionSpec`)"),
     "jax.experimental.maps.mesh": _removed(
         "jax.experimental.maps.mesh", "`jax.set_mesh(jax.sharding.Mesh(devices, axis_names))`",
         "JSE308"),
@@ -167,6 +170,13 @@ JSE309 = ("module `jax.config` was removed from JAX; `from jax import config` is
 JSE310 = ("`{shown}(..., axis_resources=...)`: the keyword is `shardings` in today's "
           "`jax.lax.with_sharding_constraint`")
 JSE311 = "`{shown}`: the installed JAX ({version}) has no `{missing}`"
+JSE311_NO_HOME = {
+    "private": ("; it was JAX's private API and no public name of today's JAX has its "
+                "meaning: use the public API (https://docs.jax.dev/en/latest/jax.html) or "
+                "write what it did"),
+    "public": ("; JAX removed it and no name of today's JAX has its meaning: JAX's changelog "
+               "(https://docs.jax.dev/en/latest/changelog.html) says what to use instead"),
+}
 JSE312 = ("`{shown}`: `.{attr}` was removed from JAX arrays; use `{new}`")
 JSE313 = ("`{shown}`: `jax.Array` has no `device()` method any more; use `{new}` (the "
           "device of a single-device array)")
@@ -223,7 +233,20 @@ def render(key: str, report: Report, shown: str) -> str:
 
 
 def report_for(symbol: str) -> tuple[str, Report] | None:
-  """(the matched key, its report) for `symbol`, or None. Longest key wins."""
+  """(the matched key, its report) for `symbol`, or None. Longest key wins; a
+  name of JAX's private modules is judged as its public namesake was."""
+  found = _report_for(symbol)
+  if found is not None:
+    return found
+  module, _, name = symbol.rpartition(".")
+  if any(p.startswith("_") for p in module.split(".")[1:]):
+    public = [k for k in REPORTS if k.rpartition(".")[2] == name]
+    if len(public) == 1:
+      return public[0], REPORTS[public[0]]
+  return None
+
+
+def _report_for(symbol: str) -> tuple[str, Report] | None:
   parts = symbol.split(".")
   for n in range(len(parts), 0, -1):
     prefix = ".".join(parts[:n])
