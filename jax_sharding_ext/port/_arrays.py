@@ -69,9 +69,12 @@ def watched() -> frozenset[str]:
 
 
 def _flag_may_be_on(ctx: Context) -> bool:
-  if _FLAG in ctx.text.text.lower().encode("utf-8", "replace"):
-    return True
-  return ctx.project is not None and ctx.project.mentions(_FLAG)
+  found = getattr(ctx, "_flag_may_be_on", None)
+  if found is None:
+    found = (_FLAG.decode() in ctx.text.text.lower()
+             or (ctx.project is not None and ctx.project.mentions(_FLAG)))
+    ctx._flag_may_be_on = found  # type: ignore[attr-defined]
+  return found
 
 
 def attribute(ctx: Context, node: ast.Attribute, scope: _scope.Scope) -> bool:

@@ -244,20 +244,8 @@ def _render(raw: str, start: int, end: int, source: str, ascii_only: bool) -> st
     return json.dumps(source, ensure_ascii=ascii_only)
   lines = [json.dumps(line, ensure_ascii=ascii_only) for line in source.splitlines(True)]
   inner = raw[start + 1:end - 1]
-  if inner.strip():
-    lead = inner[:len(inner) - len(inner.lstrip())]
-    tail = inner[len(inner.rstrip()):]
-  else:  # an empty list: one level deeper than the line holding it
-    line_start = raw.rfind("\n", 0, start) + 1
-    indent = raw[line_start:len(raw[:line_start]) + len(raw[line_start:]) -
-                 len(raw[line_start:].lstrip(" "))]
-    step = _indent_step(raw)
-    lead, tail = ("\n" + indent + " " * step, "\n" + indent) if step else ("", "")
+  lead = inner[:len(inner) - len(inner.lstrip())]  # an empty list (no code, so never
+  tail = inner[len(inner.rstrip()):]                # changed) has neither
   if not lines:
     return "[]"
   return "[" + lead + ("," + lead).join(lines) + tail + "]"
-
-
-def _indent_step(raw: str) -> int:
-  second = raw.split("\n", 2)[1] if raw.count("\n") >= 2 else ""
-  return len(second) - len(second.lstrip(" "))
