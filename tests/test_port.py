@@ -819,6 +819,8 @@ WITH_HEAD = ("import contextlib\nfrom typing import Optional\nimport jax\nimport
      "  def run(self):\n    with self.mesh:\n      pass\n", True),
     ("class T:\n  def __init__(self, m):\n    self.mesh = m\n"
      "  def run(self):\n    with self.mesh:\n      pass\n", False),
+    ("class T(Base):\n  def run(self):\n    with self.mesh:\n      pass\n"
+     "def other(o):\n  o.mesh = Mesh(devices(), ('x',))\n", False),  # a base class's
     # `with m as n:` keeps the name bound to the mesh (`Mesh.__enter__` returns it).
     ("def f():\n  with Mesh(devices(), ('x',)) as m:\n    with m:\n      pass\n", True),
 ])

@@ -2,12 +2,13 @@
 
 `Kinds(ctx).of(expr, scope)` is the set of kinds every value that can reach
 `expr` has, following the code: a name's assignments that reach it through
-branches and loops (`_flow`), a function's parameters by their annotation,
-`with v as name`, the `return`s of the project's own functions (in this
-file or, through its imports, in another file of the project: `_project`),
-`self.x` by every assignment of an attribute `x` in the file and the class's
-properties, conditional expressions, tuple unpacking, subscripts of a jit's
-output. Calls of JAX's and this package's callables are known by the object
+branches and loops (`_flow`; `x is not None` tests narrow), a function's
+parameters by their annotation (`Optional[...]` too), `with v as name`, the
+`return`s of the project's own functions (in this file or, through its
+imports, in another file of the project: `_project`), `self.x` by every
+assignment of an attribute `x` in the file and the class's properties (when
+the class itself defines or assigns `x`), conditional expressions, tuple
+unpacking, subscripts of a jit's output. Calls of JAX's and this package's callables are known by the object
 they are in the installed JAX (the `Mesh` class, `jax.jit`, legacy and stock
 `pjit`, `jax.pmap`, `jax.device_put`, a JAX function annotated to return a
 `Mesh`, `functools.partial` of any of them). Anything else is `UNKNOWN`: a
@@ -182,17 +183,20 @@ class Kinds:
       return frozenset({UNKNOWN})
     cls_scope, cls = owner
     out: set = set()
+    own = False  # the class itself defines or assigns it (else a base class may)
     for s in cls.body:
       if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef) and s.name == node.attr:
         decorators = {d.id for d in s.decorator_list if isinstance(d, ast.Name)}
         out |= self.returns(s) if "property" in decorators else {Fn(self.ctx, s)}
+        own = True
+      elif isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.attr
+                                             for t in s.targets):
+        out |= self.of(s.value, cls_scope)
+        own = True
     for value, where, _stmt in self._attribute_values().get(node.attr, []):
       out |= self.of(value, where)
-    for s in cls.body:
-      if isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.attr
-                                           for t in s.targets):
-        out |= self.of(s.value, cls_scope)
-    return frozenset(out) or frozenset({UNKNOWN})
+      own = own or where.parent is cls_scope
+    return frozenset(out) if own and out else frozenset({UNKNOWN})
 
   def _attribute_values(self) -> dict[str, list[tuple[ast.expr, _scope.Scope, ast.stmt]]]:
     """Every `<anything>.x = value` of the file, by `x` (with its scope)."""
