@@ -31,7 +31,6 @@ import functools
 import re
 import sys
 import types
-import warnings
 
 from jax_sharding_ext.port import _jaxnames
 
@@ -66,15 +65,6 @@ _USE = re.compile(r"\b[Uu]se `?((?:jax|jaxlib)(?:\.\w+)+)")
 
 def _private(module: str) -> bool:
   return any(p.startswith("_") for p in module.split(".")[1:])
-
-
-def _quiet_getattr(obj: object, name: str) -> object:
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    try:
-      return getattr(obj, name, None)
-    except Exception:  # a module's `__getattr__` may raise anything
-      return None
 
 
 @functools.cache
