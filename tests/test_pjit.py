@@ -125,6 +125,34 @@ def test_jax_set_mesh_is_a_context_mesh_too(mesh_2d):
   assert out.sharding == NamedSharding(mesh_2d, P(None, "y"))
 
 
+@pytest.mark.parametrize("donate", [(), (0,)])
+def test_an_array_computed_eagerly_under_set_mesh_is_placed_as_under_with_mesh(
+    mesh_2d, donate):
+  """Under the legacy `with mesh:` an eagerly computed array stayed on one
+  device and pjit placed it as its spec said; under `jax.set_mesh` (what the
+  porting assistant writes) it is committed and replicated over the mesh,
+  which stock `jax.jit` refuses for another in sharding. Legacy pjit places
+  it as before: the same program gives the same values either way."""
+  f = pjit(lambda a, b: (a * 2, b + 1), in_axis_resources=(P("x"), P(None, "y")),
+           out_axis_resources=(P("x"), P(None, "y")), donate_argnums=donate)
+  results = []
+  for context in (legacy_mesh, jax.set_mesh):
+    with context(mesh_2d):
+      a, b = jnp.arange(8.0), jnp.ones((4, 4))  # computed eagerly inside the block
+      out = f(a, b)
+    assert out[0].sharding == NamedSharding(mesh_2d, P("x"))
+    assert out[1].sharding == NamedSharding(mesh_2d, P(None, "y"))
+    results.append([np.asarray(o) for o in out])
+  np.testing.assert_array_equal(results[0][0], results[1][0])
+  np.testing.assert_array_equal(results[0][1], results[1][1])
+  with jax.set_mesh(mesh_2d):
+    a = jnp.arange(8.0)
+    with pytest.raises(ValueError, match="does not match"):  # stock jit, for comparison
+      jax.jit(lambda v: v, in_shardings=P("x"))(a)
+    f(a, jnp.ones((4, 4)))
+    assert not a.is_deleted()  # a copy was placed (and donated), as before
+
+
 @pytest.mark.parametrize("where", ["in", "out"])
 def test_partition_spec_without_a_mesh_is_a_clear_error(where):
   kw = ({"in_axis_resources": P("x")} if where == "in"

@@ -162,6 +162,10 @@ class _Pjit:
     try:
       return (f if method is None else getattr(f, method))(*args, **kwargs)
     except ValueError as e:
+      # jit checks committed arguments' shardings before running anything.
+      placed = resolve.place_eager_arrays(self.spec, self._mesh(), args)
+      if placed is not None:
+        return (f if method is None else getattr(f, method))(*placed, **kwargs)
       better = resolve.explain(self.spec, self._mesh(), args)
       if better is None:
         raise

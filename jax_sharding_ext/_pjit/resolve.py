@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._array.records import FromGda, is_spec_leaf
 from jax_sharding_ext._array.shard_math import old_spec_repr, without_trailing_nones
+from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._pjit.spec import UNSPECIFIED, PjitSpec, check_static_donate
 
 
@@ -155,6 +156,53 @@ def explain(spec: PjitSpec, mesh: Any, args: tuple) -> ValueError | None:
             f"{old_spec_repr(pjit_spec)} for GDA: GlobalDeviceArray(shape={x.shape}, "
             f"dtype={x.dtype}). (Here `FROM_GDA` is `jax_sharding_ext.FROM_GDA`.)")
   return None
+
+
+def place_eager_arrays(spec: PjitSpec, mesh: Any, args: tuple) -> tuple | None:
+  """`args` with each eagerly computed array placed as its spec says, or None
+  when there is none.
+
+  Under the legacy `with mesh:` an array JAX computed eagerly stayed on one
+  device, uncommitted, and pjit placed it as its spec said. Under
+  `jax.set_mesh` (what the porting assistant writes for `with mesh:`) the
+  same array is committed and fully replicated over the mesh, and `jax.jit`
+  refuses it for any other in sharding. Legacy pjit places such an array
+  (a `jax.Array`, fully replicated over the mesh its spec resolves against)
+  as it placed the legacy one: an explicit `jax.device_put`, a copy.
+  """
+  if not spec.in_given or spec.in_empty:
+    return None
+  dyn_pos, dyn_args = dynamic_args(spec, args)
+  try:
+    subtrees = spec_subtrees(spec, dyn_args)
+  except ValueError:
+    return None
+  leaf_specs = jax.tree_util.tree_leaves(spec.in_specs, is_leaf=is_spec_leaf)
+  placed = False
+
+  def place(sharding: Any, x: Any) -> Any:
+    nonlocal placed
+    if (type(x) is jax_tables.ArrayImpl and isinstance(sharding, NamedSharding)
+        and not x.is_deleted() and isinstance(x.sharding, NamedSharding)
+        and x.sharding.mesh == sharding.mesh and x.sharding.is_fully_replicated
+        and not sharding.is_equivalent_to(x.sharding, x.ndim)):
+      placed = True
+      return jax.device_put(x, sharding)
+    return x
+
+  new = []
+  for leaf_spec, sub in zip(leaf_specs, subtrees, strict=True):
+    if isinstance(leaf_spec, FromGda):
+      new.append(sub)
+      continue
+    sharding = to_sharding(leaf_spec, mesh, spec.in_name)
+    new.append(jax.tree_util.tree_map(lambda x, s=sharding: place(s, x), sub))
+  if not placed:
+    return None
+  out = list(args)
+  for i, value in zip(dyn_pos, spec.in_treedef.unflatten(new), strict=True):
+    out[i] = value
+  return tuple(out)
 
 
 def _no_mesh_error(spec: Any, what: str) -> ValueError:
