@@ -35,6 +35,7 @@ from jax_sharding_ext._install import install as install
 from jax_sharding_ext._install import is_installed as is_installed
 from jax_sharding_ext._install import uninstall as uninstall
 from jax_sharding_ext._pjit.api import pjit as pjit
+from jax_sharding_ext._transfers.ledger import TransferLedger as TransferLedger
 from jax_sharding_ext._transfers.ledger import TransferRecord as TransferRecord
 from jax_sharding_ext._transfers.ledger import transfer_ledger as transfer_ledger
 from jax_sharding_ext._version import __version__ as __version__
@@ -53,6 +54,7 @@ __all__ = [
   "Mesh",
   "PartitionSpec",
   "Shard",
+  "TransferLedger",
   "TransferRecord",
   "current_mesh",
   "declare_effect",

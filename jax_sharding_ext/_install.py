@@ -56,7 +56,18 @@ _ever_installed = False
 
 
 def install() -> None:
-  """Register everything into JAX's tables. Idempotent."""
+  """Register everything into JAX's tables. Idempotent.
+
+  `import jax_sharding_ext` calls it; call it again to undo `uninstall()`.
+  It initialises no JAX backend.
+
+  Example:
+    >>> uninstall()
+    >>> install()
+    >>> install()   # a second call changes nothing
+    >>> is_installed()
+    True
+  """
   global _ever_installed
   with _lock:
     if STATE.installed:
@@ -78,7 +89,24 @@ def install() -> None:
 
 
 def uninstall() -> None:
-  """Restore every table this package touched to its exact prior contents."""
+  """Restore every table this package touched to its exact prior contents.
+
+  Idempotent. Afterwards, passing a GDA to JAX raises `RuntimeError` saying
+  the package is uninstalled; `install()` makes it work again. A config
+  option it defined stays defined, with no effect.
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> gda = GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+    ...                                       lambda index: np.zeros(8)[index])
+    >>> uninstall()
+    >>> jax.jit(lambda x: x + 1)(gda)
+    Traceback (most recent call last):
+    RuntimeError: ...uninstalled...
+    >>> install()
+    >>> jax.jit(lambda x: x + 1)(gda).shape
+    (8,)
+  """
   with _lock:
     if not STATE.installed:
       return
@@ -100,6 +128,14 @@ def is_installed() -> bool:
 
   True after `import jax_sharding_ext` and `install()`, False after
   `uninstall()`.
+
+  Example:
+    >>> is_installed()
+    True
+    >>> uninstall()
+    >>> is_installed()
+    False
+    >>> install()
   """
   return STATE.installed
 

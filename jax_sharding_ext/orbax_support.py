@@ -36,7 +36,7 @@ import copy
 import dataclasses
 import logging
 import os
-from typing import Any
+from typing import Any as _Any
 
 try:
   import orbax.checkpoint as ocp
@@ -48,19 +48,12 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
       "pip install 'jax-sharding-ext[checkpoint]'") from e
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jax_sharding_ext._array.gda import GlobalDeviceArray
-from jax_sharding_ext._array.records import GdaShape
-from jax_sharding_ext._array.shard_math import (
-  canonical_mesh_axes,
-  canonical_shape,
-  layout,
-  normalize_mesh_axes,
-  to_partition_spec,
-)
-from jax_sharding_ext._checkpoint import recording
-from jax_sharding_ext._checkpoint.checks import checked_dtype
+from jax_sharding_ext._array import gda as _gda
+from jax_sharding_ext._array import records as _records
+from jax_sharding_ext._array import shard_math as _shard_math
+from jax_sharding_ext._checkpoint import checks as _checks
+from jax_sharding_ext._checkpoint import recording as _recording
 
 # orbax's frames stand between the user's line and a save or restore.
 _ORBAX_DIRS = (os.path.dirname(os.path.dirname(ocp.__file__)) + os.sep,)
@@ -68,8 +61,8 @@ _ORBAX_DIRS = (os.path.dirname(os.path.dirname(ocp.__file__)) + os.sep,)
 __all__ = ["GdaHandler", "as_gdas", "as_jax_arrays", "gda_restore_args", "restore_args_for"]
 
 
-def _view(x: Any) -> Any:
-  return x.to_jax_array() if isinstance(x, GlobalDeviceArray) else x
+def _view(x: _Any) -> _Any:
+  return x.to_jax_array() if isinstance(x, _gda.GlobalDeviceArray) else x
 
 
 class GdaHandler(type_handlers.ArrayHandler):
@@ -78,20 +71,57 @@ class GdaHandler(type_handlers.ArrayHandler):
   Saves a GDA as its zero-copy `jax.Array` (the same bytes, metadata and type
   string as a `jax.Array` leaf). Restores as a GDA where the restore args ask
   for `restore_type=GlobalDeviceArray`, else as orbax's `ArrayHandler` does.
+  Importing this module registers it for `jax.Array` leaves (so GDA leaves
+  too); orbax calls its methods, not user code.
+
+  Example:
+    >>> import orbax.checkpoint as ocp
+    >>> isinstance(ocp.type_handlers.get_type_handler(jax.Array), GdaHandler)
+    True
   """
 
   async def serialize(self, values, infos, args=None):
-    where = recording.site(_ORBAX_DIRS)
+    """Write each leaf (a GDA as its `jax.Array`), shard by shard; orbax's `serialize`.
+
+    The save is recorded in an open transfer ledger (device_to_host, your line).
+
+    Example:
+      >>> import tempfile, orbax.checkpoint as ocp
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> gda = jse.GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+      ...                                           lambda index: np.arange(8.0)[index])
+      >>> with jse.transfer_ledger() as ledger:
+      ...   ocp.PyTreeCheckpointer().save(tempfile.mkdtemp() + '/state', {'w': gda})
+      >>> [(r.direction, r.nbytes) for r in ledger.records]
+      [('device_to_host', 32)]
+    """
+    where = _recording.site(_ORBAX_DIRS)
     out = await super().serialize([_view(v) for v in values], infos, args)
     # The copies to the host are done (orbax commits in the background).
-    recording.saved([v.to_jax_array() for v in values if isinstance(v, GlobalDeviceArray)],
-                    where)
+    _recording.saved(
+        [v.to_jax_array() for v in values if isinstance(v, _gda.GlobalDeviceArray)], where)
     return out
 
   async def deserialize(self, infos, args=None):
-    where = recording.site(_ORBAX_DIRS)
+    """Read each leaf; as a GDA where its restore args ask for one. Orbax's `deserialize`.
+
+    Example:
+      >>> import tempfile, orbax.checkpoint as ocp
+      >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+      >>> gda = jse.GlobalDeviceArray.from_callback((8, 2), mesh, ['x', None],
+      ...                                           lambda index: np.ones((8, 2))[index])
+      >>> path = tempfile.mkdtemp() + '/state'
+      >>> ckptr = ocp.StandardCheckpointer()
+      >>> ckptr.save(path, {'w': gda, 'step': np.array(7)})
+      >>> ckptr.wait_until_finished()   # it saves in the background
+      >>> out = ckptr.restore(path, {'w': gda, 'step': np.array(0)})
+      >>> out['w']   # a GDA where the target holds one, with its mesh axes
+      GlobalDeviceArray(shape=(8, 2), dtype=float32,
+        global_mesh_shape={'x': 4, 'y': 2}, mesh_axes=['x', None])
+    """
+    where = _recording.site(_ORBAX_DIRS)
     out = await self._deserialize(infos, args)
-    recording.restored([a for a in out if isinstance(a, GlobalDeviceArray)], where)
+    _recording.restored([a for a in out if isinstance(a, _gda.GlobalDeviceArray)], where)
     return out
 
   async def _deserialize(self, infos, args):
@@ -101,7 +131,7 @@ class GdaHandler(type_handlers.ArrayHandler):
       # A GDA request without `global_shape` is checked against the saved shape.
       unsized = [i for i, arg in enumerate(args)
                  if _gda_request(arg) and _shape_of(arg) is None]
-      shapes: dict[int, Any] = {}
+      shapes: dict[int, _Any] = {}
       if unsized:
         saved = await self._saved_shapes([infos[i] for i in unsized])
         shapes = dict(zip(unsized, saved, strict=True))
@@ -128,7 +158,7 @@ class GdaHandler(type_handlers.ArrayHandler):
     return [tuple(t.shape) for t in stores]
 
 
-def _spec(mesh: Any, mesh_axes: Any, shape: Any = None) -> PartitionSpec:
+def _spec(mesh: _Any, mesh_axes: _Any, shape: _Any = None) -> jax.sharding.PartitionSpec:
   """The `PartitionSpec` of GDA-era `mesh_axes` on `mesh`, checked as
   `GlobalDeviceArray.from_callback` checks them (the same errors).
 
@@ -136,45 +166,46 @@ def _spec(mesh: Any, mesh_axes: Any, shape: Any = None) -> PartitionSpec:
   is the one `from_callback` gives the array. Without, the types and the axis
   names are; the spec then drops trailing `None`s, so it fits any rank.
   """
-  if not isinstance(mesh, Mesh):
+  if not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(
         f"`mesh` must be a `jax.sharding.Mesh` to restore a GlobalDeviceArray, got "
         f"{type(mesh).__name__} {mesh!r:.80}.")
   if shape is not None:
-    return layout(shape, mesh, mesh_axes).spec
-  axes = canonical_mesh_axes(mesh_axes)
+    return _shard_math.layout(shape, mesh, mesh_axes).spec
+  axes = _shard_math.canonical_mesh_axes(mesh_axes)
   # Size 0 divides evenly among any axes: only the names are checked here.
-  return to_partition_spec(normalize_mesh_axes((0,) * len(axes), mesh, axes))
+  return _shard_math.to_partition_spec(
+      _shard_math.normalize_mesh_axes((0,) * len(axes), mesh, axes))
 
 
-def _gda_request(arg: Any) -> bool:
+def _gda_request(arg: _Any) -> bool:
   """Whether `arg` asks for a GDA on `mesh` with `mesh_axes` (`None`, or not
   given, with no `sharding`: fully replicated, as for `from_callback`)."""
-  return (isinstance(arg, ocp.ArrayRestoreArgs) and arg.restore_type is GlobalDeviceArray
+  return (isinstance(arg, ocp.ArrayRestoreArgs) and arg.restore_type is _gda.GlobalDeviceArray
           and arg.mesh is not None and (arg.mesh_axes is not None or arg.sharding is None))
 
 
-def _check_request(arg: Any) -> None:
+def _check_request(arg: _Any) -> None:
   """Refuse, before anything is read, what a GDA request cannot restore: a
   `mesh` that is not a `Mesh`, a `global_shape` (or `shape`) that is not a
   shape, a `dtype` no JAX array has; each error names the argument (as
   `from_callback` and `serialization` name them)."""
-  if getattr(arg, "restore_type", None) is not GlobalDeviceArray:
+  if getattr(arg, "restore_type", None) is not _gda.GlobalDeviceArray:
     return
-  if arg.mesh is not None and not isinstance(arg.mesh, Mesh):
+  if arg.mesh is not None and not isinstance(arg.mesh, jax.sharding.Mesh):
     _spec(arg.mesh, arg.mesh_axes)  # its TypeError naming `mesh`
   for name in ("global_shape", "shape"):
     value = getattr(arg, name, None)
-    if value is not None and not isinstance(value, GdaShape):
-      canonical_shape(value, name)
-  checked_dtype(arg.dtype, "`dtype` of the ArrayRestoreArgs")
+    if value is not None and not isinstance(value, _records.GdaShape):
+      _shard_math.canonical_shape(value, name)
+  _checks.checked_dtype(arg.dtype, "`dtype` of the ArrayRestoreArgs")
 
 
-def _shape_of(arg: Any) -> Any:
+def _shape_of(arg: _Any) -> _Any:
   return arg.global_shape if arg.global_shape is not None else arg.shape
 
 
-def _for_orbax(arg: Any, saved_shape: Any = None) -> Any:
+def _for_orbax(arg: _Any, saved_shape: _Any = None) -> _Any:
   """`arg` as orbax's `ArrayHandler` takes it: a GDA request's `mesh_axes`
   checked against the shape it restores to (given, else `saved_shape`) and
   handed on as the `PartitionSpec` `from_callback` gives that shape (orbax
@@ -186,24 +217,25 @@ def _for_orbax(arg: Any, saved_shape: Any = None) -> Any:
   return dataclasses.replace(arg, mesh_axes=spec)
 
 
-def _as_requested(arr: Any, arg: Any) -> Any:
-  if getattr(arg, "restore_type", None) is GlobalDeviceArray:
+def _as_requested(arr: _Any, arg: _Any) -> _Any:
+  if getattr(arg, "restore_type", None) is _gda.GlobalDeviceArray:
     mesh_axes = getattr(arg, "mesh_axes", None)
     checked = True
-  elif isinstance(getattr(arg, "global_shape", None), GdaShape):  # the target was a GDA
+  elif isinstance(getattr(arg, "global_shape", None), _records.GdaShape):  # the target was a GDA
     mesh_axes = arg.global_shape.mesh_axes
     checked = False
-    if layout(arr.shape, arr.sharding.mesh, mesh_axes).spec != arr.sharding.spec:
+    if _shard_math.layout(arr.shape, arr.sharding.mesh, mesh_axes).spec != arr.sharding.spec:
       mesh_axes = None  # restored to another sharding than the target's
   else:
     return arr
-  if not isinstance(arr.sharding, NamedSharding):
+  if not isinstance(arr.sharding, jax.sharding.NamedSharding):
     raise ValueError(
         "Restoring as a GlobalDeviceArray needs a NamedSharding (or `mesh` and "
         f"`mesh_axes`) in the ArrayRestoreArgs, got sharding {arr.sharding}.")
   if checked and mesh_axes is not None:
     # The errors `from_callback` gives (rank, divisibility) for this shape.
-    want = NamedSharding(arr.sharding.mesh, layout(arr.shape, arr.sharding.mesh, mesh_axes).spec)
+    spec = _shard_math.layout(arr.shape, arr.sharding.mesh, mesh_axes).spec
+    want = jax.sharding.NamedSharding(arr.sharding.mesh, spec)
     if want.spec != arr.sharding.spec:
       if not want.is_equivalent_to(arr.sharding, arr.ndim):
         raise ValueError(
@@ -214,11 +246,11 @@ def _as_requested(arr: Any, arg: Any) -> Any:
       # The same buffers under the spec `from_callback` gives (e.g. trailing Nones).
       arr = jax.make_array_from_single_device_arrays(
           arr.shape, want, [s.data for s in arr.addressable_shards])
-  return GlobalDeviceArray._wrap(arr, mesh_axes)
+  return _gda.GlobalDeviceArray._wrap(arr, mesh_axes)
 
 
-def gda_restore_args(mesh: jax.sharding.Mesh, mesh_axes: Any,
-                     **kwargs: Any) -> ocp.ArrayRestoreArgs:
+def gda_restore_args(mesh: jax.sharding.Mesh, mesh_axes: _Any,
+                     **kwargs: _Any) -> ocp.ArrayRestoreArgs:
   """`ArrayRestoreArgs` restoring a leaf as a GDA on `mesh` with `mesh_axes`.
 
   `mesh_axes` takes every spelling `GlobalDeviceArray.from_callback` takes: a
@@ -230,34 +262,80 @@ def gda_restore_args(mesh: jax.sharding.Mesh, mesh_axes: Any,
 
   `kwargs` go to `ArrayRestoreArgs` (e.g. `global_shape`, `dtype`,
   `strict=False` to pad or truncate).
+
+  Example:
+    >>> import tempfile, orbax.checkpoint as ocp
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> w = jax.device_put(np.ones((8, 2)), jax.sharding.NamedSharding(mesh, P('x')))
+    >>> path = tempfile.mkdtemp() + '/state'
+    >>> ocp.PyTreeCheckpointer().save(path, {'w': w})   # saved from a jax.Array
+    >>> out = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(
+    ...     restore_args={'w': gda_restore_args(mesh, ('y', None))}))
+    >>> out['w']   # restored as a GDA, on the mesh axes asked for
+    GlobalDeviceArray(shape=(8, 2), dtype=float32,
+      global_mesh_shape={'x': 4, 'y': 2}, mesh_axes=('y', None))
   """
   spec = _spec(mesh, mesh_axes, kwargs.get("global_shape", kwargs.get("shape")))
-  return ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, mesh=mesh, mesh_axes=mesh_axes,
-                              sharding=NamedSharding(mesh, spec), **kwargs)
+  return ocp.ArrayRestoreArgs(restore_type=_gda.GlobalDeviceArray, mesh=mesh, mesh_axes=mesh_axes,
+                              sharding=jax.sharding.NamedSharding(mesh, spec), **kwargs)
 
 
-def restore_args_for(target: Any) -> Any:
-  """Restore args for a pytree like `target`: GDA leaves restore as GDAs on
-  their mesh and mesh axes (shape and dtype from the leaf), other leaves as
-  `orbax.checkpoint.checkpoint_utils.construct_restore_args` makes them."""
+def restore_args_for(target: _Any) -> _Any:
+  """Return restore args for a pytree like `target`.
+
+  GDA leaves restore as GDAs on their mesh and mesh axes (shape and dtype
+  from the leaf); other leaves as
+  `orbax.checkpoint.checkpoint_utils.construct_restore_args` makes them.
+
+  Example:
+    >>> import tempfile, orbax.checkpoint as ocp
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> state = {'w': jse.GlobalDeviceArray.from_callback(
+    ...              (8,), mesh, P('x'), lambda index: np.arange(8.0)[index]),
+    ...          'b': jax.device_put(np.zeros(8, np.float32),
+    ...                              jax.sharding.NamedSharding(mesh, P()))}
+    >>> path = tempfile.mkdtemp() + '/state'
+    >>> ocp.PyTreeCheckpointer().save(path, state)
+    >>> out = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(
+    ...     item=state, restore_args=restore_args_for(state)))
+    >>> type(out['w']).__name__, type(out['b']).__name__
+    ('GlobalDeviceArray', 'ArrayImpl')
+  """
   def one(x):
-    if isinstance(x, GlobalDeviceArray):
+    if isinstance(x, _gda.GlobalDeviceArray):
       return gda_restore_args(x.mesh, x.mesh_axes, global_shape=x.shape, dtype=x.dtype)
     return checkpoint_utils.construct_restore_args(x)
   return jax.tree_util.tree_map(one, target)
 
 
-def as_jax_arrays(tree: Any) -> Any:
-  """`tree` with every GDA leaf as its zero-copy `jax.Array`."""
+def as_jax_arrays(tree: _Any) -> _Any:
+  """Return `tree` with every GDA leaf as its zero-copy `jax.Array`.
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> gda = jse.GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+    ...                                           lambda index: np.zeros(8)[index])
+    >>> tree = as_jax_arrays({'w': gda, 'step': 3})
+    >>> type(tree['w']).__name__, tree['step']
+    ('ArrayImpl', 3)
+  """
   return jax.tree_util.tree_map(_view, tree)
 
 
-def as_gdas(tree: Any) -> Any:
-  """`tree` with every `jax.Array` leaf with a NamedSharding as a GDA (no copy)."""
+def as_gdas(tree: _Any) -> _Any:
+  """Return `tree` with every `jax.Array` leaf with a `NamedSharding` as a GDA (no copy).
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> w = jax.device_put(np.zeros(8), jax.sharding.NamedSharding(mesh, P('x')))
+    >>> tree = as_gdas({'w': w, 'step': 3})
+    >>> type(tree['w']).__name__, tree['w'].mesh_axes
+    ('GlobalDeviceArray', P('x',))
+  """
   def one(x):
     if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-        and isinstance(x.sharding, NamedSharding)):
-      return GlobalDeviceArray.from_jax_array(x)
+        and isinstance(x.sharding, jax.sharding.NamedSharding)):
+      return _gda.GlobalDeviceArray.from_jax_array(x)
     return x
   return jax.tree_util.tree_map(one, tree)
 

@@ -65,12 +65,11 @@ Porting: `from jax.experimental.gda_serialization import serialization`
 becomes `from jax_sharding_ext import serialization`.
 """
 
-from __future__ import annotations
-
-import abc
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, overload
+from collections.abc import Callable as _Callable
+from collections.abc import Sequence as _Sequence
+from typing import Any as _Any
+from typing import overload as _overload
 
 try:
   import tensorstore as ts
@@ -81,22 +80,32 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 
 import jax
 from jax.experimental import multihost_utils as _multihost
-from jax.sharding import Mesh, NamedSharding
 
-from jax_sharding_ext._array.gda import GlobalDeviceArray
-from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, canonical_shape, layout
+from jax_sharding_ext._array import gda as _gda
+from jax_sharding_ext._array import shard_math as _shard_math
 from jax_sharding_ext._checkpoint import args as _args
 from jax_sharding_ext._checkpoint import checks as _checks
 from jax_sharding_ext._checkpoint import integrity as _integrity
 from jax_sharding_ext._checkpoint import locations as _locations
+from jax_sharding_ext._checkpoint import manager as _manager
 from jax_sharding_ext._checkpoint import markers as _markers
 from jax_sharding_ext._checkpoint import metadata as _metadata
 from jax_sharding_ext._checkpoint import reading as _reading
 from jax_sharding_ext._checkpoint import recording as _recording
 from jax_sharding_ext._checkpoint import running as _running
 from jax_sharding_ext._checkpoint import saving as _saving
-from jax_sharding_ext._jax import checkpoint as jax_checkpoint
-from jax_sharding_ext._jax import tracebacks as jax_tracebacks
+from jax_sharding_ext._jax import checkpoint as _jax_checkpoint
+from jax_sharding_ext._jax import tracebacks as _tracebacks
+
+# The types of the signatures (evaluated when defined, so that `help()` and
+# `inspect.signature` show them), kept out of the public namespace.
+_Mesh = jax.sharding.Mesh
+_GlobalDeviceArray = _gda.GlobalDeviceArray
+_Shape = _shard_math.Shape
+_Index = _shard_math.Index
+_MeshAxes = _shard_math.MeshAxes
+_TensorstoreSpec = _args.TensorstoreSpec
+_DTypeLike = _args.DTypeLike
 
 __all__ = [
     "COMMIT_MARKER",
@@ -116,9 +125,12 @@ __all__ = [
 
 TS_CONTEXT = _metadata.TS_CONTEXT
 COMMIT_MARKER = _markers.COMMIT_MARKER
+AsyncManager = _jax_checkpoint.AsyncManager
+GlobalAsyncCheckpointManagerBase = _manager.GlobalAsyncCheckpointManagerBase
+GlobalAsyncCheckpointManager = _manager.GlobalAsyncCheckpointManager
 # Private names of the GDA-era module that GDA-era code reads.
-_CHECKPOINT_SUCCESS = jax_checkpoint.CHECKPOINT_SUCCESS
-_LimitInFlightBytes = jax_checkpoint.LimitInFlightBytes
+_CHECKPOINT_SUCCESS = _jax_checkpoint.CHECKPOINT_SUCCESS
+_LimitInFlightBytes = _jax_checkpoint.LimitInFlightBytes
 _spec_has_metadata = _metadata.spec_has_metadata
 _get_metadata = _metadata.gda_metadata
 _GDA_METADATA = _metadata.GDA_METADATA
@@ -128,13 +140,26 @@ _GDA_METADATA = _metadata.GDA_METADATA
 
 
 async def create_async_array_from_callback(
-    global_shape: Shape,
+    global_shape: _Shape,
     inp_sharding: jax.sharding.Sharding,
-    data_callback: Callable[[Index], Any],
+    data_callback: _Callable[[_Index], _Any],
 ):
-  """A `jax.Array` whose addressable shards come from awaiting
-  `data_callback(index)` (an awaitable of host data) per device."""
-  shape = canonical_shape(global_shape)
+  """Build a `jax.Array` from awaiting `data_callback(index)` per addressable device.
+
+  `data_callback` is an async function returning the host data at `index`
+  (a tuple of slices); the calls run concurrently.
+
+  Example:
+    >>> import asyncio
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> async def read(index):   # e.g. from a file or a remote store
+    ...   return np.arange(8.0)[index]
+    >>> sharding = jax.sharding.NamedSharding(mesh, P('x'))
+    >>> arr = asyncio.run(create_async_array_from_callback((8,), sharding, read))
+    >>> arr.sharding == sharding, arr.addressable_data(1)
+    (True, Array([1.], dtype=float32))
+  """
+  shape = _shard_math.canonical_shape(global_shape)
   idx = inp_sharding.devices_indices_map(shape)
   mine = inp_sharding.addressable_devices
   devices = [d for d in idx if d in mine]
@@ -144,22 +169,38 @@ async def create_async_array_from_callback(
 
 
 async def create_async_gda_from_callback(
-    global_shape: Shape,
-    global_mesh: Mesh,
-    mesh_axes: MeshAxes,
-    data_callback: Callable[[Index], Any],
+    global_shape: _Shape,
+    global_mesh: _Mesh,
+    mesh_axes: _MeshAxes,
+    data_callback: _Callable[[_Index], _Any],
 ):
-  """A `GlobalDeviceArray` whose local shards come from awaiting
-  `data_callback(index)` (an awaitable of host data) per local device."""
-  lay = layout(global_shape, global_mesh, mesh_axes)
+  """Build a `GlobalDeviceArray` from awaiting `data_callback(index)` per local device.
+
+  As `create_async_array_from_callback`, on `global_mesh` with `mesh_axes`.
+
+  Example:
+    >>> import asyncio
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> async def read(index):
+    ...   return np.arange(16.0).reshape(8, 2)[index]
+    >>> asyncio.run(create_async_gda_from_callback((8, 2), mesh, P('x'), read))
+    GlobalDeviceArray(shape=(8, 2), dtype=float32,
+      global_mesh_shape={'x': 4, 'y': 2}, mesh_axes=PartitionSpec('x',))
+  """
+  lay = _shard_math.layout(global_shape, global_mesh, mesh_axes)
   arr = await create_async_array_from_callback(
-      lay.shape, NamedSharding(global_mesh, lay.spec), data_callback)
-  return GlobalDeviceArray._wrap(arr, mesh_axes)
+      lay.shape, jax.sharding.NamedSharding(global_mesh, lay.spec), data_callback)
+  return _gda.GlobalDeviceArray._wrap(arr, mesh_axes)
 
 
 def get_tensorstore_spec(ckpt_path: str):
-  """The zarr spec for `ckpt_path` (a local path, or `gs://bucket/path`)."""
-  return jax_checkpoint.get_tensorstore_spec(ckpt_path)
+  """Return the zarr spec for `ckpt_path` (a local path, or `gs://bucket/path`).
+
+  Example:
+    >>> get_tensorstore_spec('/checkpoints/step_5/w')
+    {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': '/checkpoints/step_5/w'}}
+  """
+  return _jax_checkpoint.get_tensorstore_spec(ckpt_path)
 
 
 async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
@@ -170,6 +211,17 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   are appended to it instead of awaited. A spec without metadata gets the
   GDA-era module's (`_get_metadata`), or stock's with `metadata="stock"`.
   Writes no commit marker.
+
+  Example:
+    >>> import asyncio, tempfile
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> gda = jse.GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+    ...                                           lambda index: np.arange(8.0)[index])
+    >>> spec = get_tensorstore_spec(tempfile.mkdtemp() + '/w')
+    >>> _ = asyncio.run(async_serialize(gda, spec))   # awaits the writes
+    >>> restored, = run_deserialization([mesh], [P('x')], [spec])
+    >>> np.asarray(restored)
+    array([0., 1., 2., 3., 4., 5., 6., 7.], dtype=float32)
   """
   fn = "async_serialize"
   where = _recording.site()
@@ -185,17 +237,17 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   await _integrity.start_records([spec])
   if commit_future is None:
     regions = _integrity.written_regions(arr)
-    out = await jax_checkpoint.async_serialize(arr, spec)
+    out = await _jax_checkpoint.async_serialize(arr, spec)
     await _integrity.write_records([regions], [spec], fresh)
   else:
     first = len(commit_future)
-    out = await jax_checkpoint.async_serialize(arr, spec, commit_future=commit_future)
+    out = await _jax_checkpoint.async_serialize(arr, spec, commit_future=commit_future)
     commit_future.append(_saving.RecordsAfter(commit_future[first:], [arr], [spec], fresh))
   _recording.saved([arr], where)
   return out
 
 
-@jax_tracebacks.api_boundary
+@_tracebacks.api_boundary
 def run_serialization(arrays, tensorstore_specs, *, metadata=_GDA_METADATA):
   """Write GDAs / `jax.Array`s, one tensorstore spec each, and commit them.
 
@@ -205,6 +257,15 @@ def run_serialization(arrays, tensorstore_specs, *, metadata=_GDA_METADATA):
   shape, dtype, sharding or compression, a path another save is still
   writing) is checked before the commit markers and the first byte are
   written. `metadata`: as for `async_serialize`.
+
+  Example:
+    >>> import tempfile
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> gda = jse.GlobalDeviceArray.from_callback((8, 2), mesh, P('x', 'y'),
+    ...                                           lambda index: np.ones((8, 2))[index])
+    >>> ckpt = tempfile.mkdtemp()
+    >>> run_serialization([gda], [get_tensorstore_spec(f'{ckpt}/w')])   # committed on return
+    >>> run_serialization([gda], [get_tensorstore_spec(f'{ckpt}/w_zstd')], metadata='stock')
   """
   fn = "run_serialization"
   where = _recording.site()
@@ -228,24 +289,32 @@ def run_serialization(arrays, tensorstore_specs, *, metadata=_GDA_METADATA):
 
 
 def estimate_read_memory_footprint(t: ts.TensorStore) -> int:
-  """Bytes read (whole chunks) to read all of `t`."""
-  return jax_checkpoint.estimate_read_memory_footprint(t, t.domain)
+  """Return the bytes read (whole chunks) to read all of the open array `t`.
+
+  Example:
+    >>> import tempfile, tensorstore
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> gda = jse.GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+    ...                                           lambda index: np.zeros(8, np.float32)[index])
+    >>> spec = get_tensorstore_spec(tempfile.mkdtemp() + '/w')
+    >>> run_serialization([gda], [spec])
+    >>> estimate_read_memory_footprint(tensorstore.open(spec).result())   # 8 float32s
+    32
+  """
+  return _jax_checkpoint.estimate_read_memory_footprint(t, t.domain)
 
 
-TensorstoreSpec = dict[str, Any] | ts.Spec
-"""A tensorstore spec: a dict (e.g. from `get_tensorstore_spec(path)`) or a `ts.Spec`."""
-DTypeLike = Any  # a numpy / JAX dtype or its name
 
 
-@overload
+@_overload
 async def async_deserialize(
-    mesh: Mesh, mesh_axes: MeshAxes, tensorstore_spec: TensorstoreSpec,
-    global_shape: Shape | None = None, dtype: DTypeLike | None = None,
-    byte_limiter: _LimitInFlightBytes | None = None) -> GlobalDeviceArray: ...
-@overload
+    mesh: _Mesh, mesh_axes: _MeshAxes, tensorstore_spec: _TensorstoreSpec,
+    global_shape: _Shape | None = None, dtype: _DTypeLike | None = None,
+    byte_limiter: _LimitInFlightBytes | None = None) -> _GlobalDeviceArray: ...
+@_overload
 async def async_deserialize(
-    in_sharding: jax.sharding.Sharding, tensorstore_spec: TensorstoreSpec,
-    global_shape: Shape | None = None, dtype: DTypeLike | None = None,
+    in_sharding: jax.sharding.Sharding, tensorstore_spec: _TensorstoreSpec,
+    global_shape: _Shape | None = None, dtype: _DTypeLike | None = None,
     byte_limiter: _LimitInFlightBytes | None = None) -> jax.Array: ...
 async def async_deserialize(*args, **kwargs):
   """Read a checkpoint as a `GlobalDeviceArray`. Either form of its vintage:
@@ -260,6 +329,22 @@ async def async_deserialize(*args, **kwargs):
 
   `global_shape` larger than the stored shape zero-pads, smaller truncates;
   `dtype` casts on the host. Each process reads only its devices' shards.
+
+  Example:
+    >>> import asyncio, tempfile
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> gda = jse.GlobalDeviceArray.from_callback((8, 2), mesh, P('x', 'y'),
+    ...                                           lambda index: np.ones((8, 2))[index])
+    >>> spec = get_tensorstore_spec(tempfile.mkdtemp() + '/w')
+    >>> run_serialization([gda], [spec])
+    >>> asyncio.run(async_deserialize(mesh, P('y'), spec))   # the 0.3.17 form, resharded
+    GlobalDeviceArray(shape=(8, 2), dtype=float32,
+      global_mesh_shape={'x': 4, 'y': 2}, mesh_axes=PartitionSpec('y',))
+    >>> sharding = jax.sharding.NamedSharding(mesh, P('x'))
+    >>> padded = asyncio.run(async_deserialize(sharding, spec, global_shape=(12, 2)))
+    >>> np.asarray(padded)[6:].T   # rows 8 and up are zeros
+    array([[1., 1., 0., 0., 0., 0.],
+           [1., 1., 0., 0., 0., 0.]], dtype=float32)
   """
   where = _recording.site()
   out = await _reading.read_one(*_args.bind(_args.ASYNC_DESERIALIZE, args, kwargs))
@@ -267,20 +352,20 @@ async def async_deserialize(*args, **kwargs):
   return out
 
 
-@overload
+@_overload
 def run_deserialization(
-    global_meshes: Sequence[Mesh], mesh_axes: Sequence[MeshAxes],
-    tensorstore_specs: Sequence[TensorstoreSpec],
-    global_shapes: Sequence[Shape | None] | None = None,
-    dtypes: Sequence[DTypeLike | None] | None = None,
-    concurrent_gb: int = 32) -> list[GlobalDeviceArray]: ...
-@overload
+    global_meshes: _Sequence[_Mesh], mesh_axes: _Sequence[_MeshAxes],
+    tensorstore_specs: _Sequence[_TensorstoreSpec],
+    global_shapes: _Sequence[_Shape | None] | None = None,
+    dtypes: _Sequence[_DTypeLike | None] | None = None,
+    concurrent_gb: int = 32) -> list[_GlobalDeviceArray]: ...
+@_overload
 def run_deserialization(
-    shardings: Sequence[jax.sharding.Sharding], tensorstore_specs: Sequence[TensorstoreSpec],
-    global_shapes: Sequence[Shape | None] | None = None,
-    dtypes: Sequence[DTypeLike | None] | None = None,
+    shardings: _Sequence[jax.sharding.Sharding], tensorstore_specs: _Sequence[_TensorstoreSpec],
+    global_shapes: _Sequence[_Shape | None] | None = None,
+    dtypes: _Sequence[_DTypeLike | None] | None = None,
     concurrent_gb: int = 32) -> list[jax.Array]: ...
-@jax_tracebacks.api_boundary
+@_tracebacks.api_boundary
 def run_deserialization(*args, **kwargs):
   """Read checkpoints as `GlobalDeviceArray`s. Either form of its vintage:
 
@@ -293,6 +378,21 @@ def run_deserialization(*args, **kwargs):
   One entry of each sequence per spec; each gives what `async_deserialize`
   gives for it. At most `concurrent_gb` GB of host memory is in flight per
   process.
+
+  Example:
+    >>> import tempfile
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> gda = jse.GlobalDeviceArray.from_callback((8, 2), mesh, P('x', 'y'),
+    ...                                           lambda index: np.ones((8, 2))[index])
+    >>> specs = [get_tensorstore_spec(tempfile.mkdtemp() + '/w')]
+    >>> run_serialization([gda], specs)
+    >>> w, = run_deserialization([mesh], [P(None, 'y')], specs)   # the 0.3.17 form
+    >>> w.mesh_axes
+    P(None, 'y')
+    >>> w, = run_deserialization([jax.sharding.NamedSharding(mesh, P('x'))], specs,
+    ...                          dtypes=[np.int32])   # the 0.3.22 form, cast on the host
+    >>> w.dtype, w.mesh_axes
+    (dtype('int32'), P('x',))
   """
   where = _recording.site()
   forms = _args.RUN_DESERIALIZATION
@@ -301,158 +401,8 @@ def run_deserialization(*args, **kwargs):
   return out
 
 
-# -- the checkpoint manager -------------------------------------------------------------
-
-
-class GlobalAsyncCheckpointManagerBase(metaclass=abc.ABCMeta):
-  """Interface for checkpointing GDAs asynchronously (the GDA-era signatures).
-
-  A checkpoint started with `serialize` commits in the background; the next
-  `serialize`, `deserialize` or `wait_until_finished` waits for it first.
-  """
-
-  @abc.abstractmethod
-  def check_for_errors(self):
-    """Raise an error of the background commit, if any (non-blocking)."""
-
-  @abc.abstractmethod
-  def wait_until_finished(self):
-    """Block until the background commit has finished; raise its error."""
-
-  @abc.abstractmethod
-  def serialize(self, arrays, tensorstore_specs, *,
-                on_commit_callback: Callable[[], None]):
-    """Serialize GDAs to TensorStore."""
-
-  @abc.abstractmethod
-  def deserialize(self, *args, **kwargs):
-    """Deserialize GDAs from TensorStore: `(global_meshes, mesh_axes,
-    tensorstore_specs, global_shapes=None, dtypes=None)` (JAX 0.3.17 to
-    0.3.21) or `(shardings, tensorstore_specs, global_shapes=None,
-    dtypes=None)` (JAX 0.3.22 to 0.4.x)."""
-
-
-AsyncManager = jax_checkpoint.AsyncManager
-
-
-class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
-                                   jax_checkpoint.StockCheckpointManager,
-                                   GlobalAsyncCheckpointManagerBase):
-  """Checkpoints GDAs (and `jax.Array`s) asynchronously through TensorStore.
-
-  Stock `GlobalAsyncCheckpointManager` with the GDA-era `serialize` /
-  `deserialize` (both forms of `deserialize`, as `run_deserialization`): the
-  writes and the commit run in the background; once every process has
-  committed, process 0 removes the commit markers and runs
-  `on_commit_callback` exactly once (e.g. renaming a temporary directory to
-  its final name). An error in a write or in the callback is raised by the
-  next `check_for_errors` / `wait_until_finished` / `serialize`. Works in a
-  single process without `jax.distributed.initialize()`.
-
-  One writer per path: a checkpoint holds its paths from `serialize` until
-  this manager's `wait_until_finished()` returns (the next `serialize` calls
-  it first), and a save to a held path by another manager or by
-  `run_serialization` is a `RuntimeError`, before it writes anything. All
-  writers of a path share its commit marker, so a second writer would have its
-  marker removed by the first one's commit while it still writes, and a
-  crash then would leave a partial checkpoint that restores as complete;
-  refusing it also keeps two writers' chunks from mixing in one array. The
-  rule depends only on the order of calls, never on how far the background
-  commit has got, so every process of a multi-process job decides alike.
-  (Saves from different jobs to one path are not detected.)
-
-  Example:
-    >>> manager = GlobalAsyncCheckpointManager()
-    >>> manager.serialize([gda], [get_tensorstore_spec(tmp)],
-    ...                   on_commit_callback=lambda: os.rename(tmp, final))
-    >>> ...  # training goes on while the checkpoint is written
-    >>> manager.wait_until_finished()
-    >>> gda, = manager.deserialize([NamedSharding(mesh, P("x"))],
-    ...                            [get_tensorstore_spec(final)])
-  """
-
-  @jax_tracebacks.api_boundary
-  def serialize(self, arrays, tensorstore_specs, *, on_commit_callback,
-                metadata=_GDA_METADATA):
-    """Start writing `arrays` (GDAs or `jax.Array`s), one spec each.
-
-    Returns once this process's shards are copied out of device memory; the
-    arrays may then be donated or deleted. `metadata`: as for
-    `async_serialize`.
-    """
-    fn = "GlobalAsyncCheckpointManager.serialize"
-    where = _recording.site()
-    if not callable(on_commit_callback):
-      raise TypeError(f"`{fn}`: on_commit_callback must be callable, got "
-                      f"{type(on_commit_callback).__name__}.")
-    choice = _metadata.checked_metadata_choice(fn, metadata)
-    arrs, specs = _checks.checked_arrays(fn, arrays, tensorstore_specs, choice)
-    self.wait_until_finished()  # also releases the paths of the previous checkpoint
-    held = _markers.hold_paths(fn, specs, self, _markers.MANAGER_WRITER)
-    try:
-      _, fresh = _running.run(lambda: _saving.prepare(fn, arrs, specs, choice))
-
-      def commit():  # process 0, after every process has committed its writes
-        _running.run(lambda: _markers.set_markers(specs, False))
-        on_commit_callback()
-      # Each process records its chunks once its writes are committed.
-      self._jse_extra_commit = lambda futures: _saving.RecordsAfter(futures, arrs, specs, fresh)
-      try:
-        _running.call(lambda: super(GlobalAsyncCheckpointManager, self).serialize(
-            arrs, specs, on_commit_callback=commit))
-      finally:
-        self._jse_extra_commit = None
-    except BaseException:
-      _markers.release_paths(held, self)
-      raise
-    self._jse_held_paths = held
-    _recording.saved(arrs, where)  # the data is on the host now; the commit runs on
-
-  def wait_until_finished(self):
-    """Block until the background commit has finished; raise its error.
-
-    Then (error or not) this manager's checkpoint no longer holds its paths.
-    """
-    try:
-      super().wait_until_finished()
-    finally:
-      _markers.release_paths(getattr(self, "_jse_held_paths", ()), self)
-      self._jse_held_paths = []
-
-  # Stock's manager takes only the sharding form; this one also takes the
-  # GDA-era mesh form, so its signature widens stock's.
-  @overload  # type: ignore[override]
-  def deserialize(
-      self, global_meshes: Sequence[Mesh], mesh_axes: Sequence[MeshAxes],
-      tensorstore_specs: Sequence[TensorstoreSpec],
-      global_shapes: Sequence[Shape | None] | None = None,
-      dtypes: Sequence[DTypeLike | None] | None = None,
-      concurrent_gb: int = 32) -> list[GlobalDeviceArray]: ...
-  @overload
-  def deserialize(
-      self, shardings: Sequence[jax.sharding.Sharding],
-      tensorstore_specs: Sequence[TensorstoreSpec],
-      global_shapes: Sequence[Shape | None] | None = None,
-      dtypes: Sequence[DTypeLike | None] | None = None,
-      concurrent_gb: int = 32) -> list[jax.Array]: ...
-  @jax_tracebacks.api_boundary
-  def deserialize(self, *args, **kwargs):
-    """Wait for a checkpoint in flight, then read as `run_deserialization`:
-    `(global_meshes, mesh_axes, tensorstore_specs, global_shapes=None,
-    dtypes=None)` (JAX 0.3.17 to 0.3.21) or `(shardings, tensorstore_specs,
-    global_shapes=None, dtypes=None)` (JAX 0.3.22 to 0.4.x); both also take
-    `concurrent_gb=32`, as stock's manager does."""
-    where = _recording.site()
-    self.wait_until_finished()
-    forms = _args.MANAGER_DESERIALIZE
-    out = _reading.read_many(forms, *_args.bind(forms, args, kwargs))
-    _recording.restored(out, where)
-    return out
-
-
 # `help()`, `inspect.signature` and IDEs that read it show the sharding form
 # (the last GDA-era one, which stock keeps) with its types; the docstrings
 # give both forms, and `typing.get_overloads` returns both.
 _args.show_signature(async_deserialize)
 _args.show_signature(run_deserialization)
-_args.show_signature(GlobalAsyncCheckpointManager.deserialize)

@@ -37,25 +37,6 @@ import local_links  # noqa: E402
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 _FENCE = re.compile(r"^(```+|:::+).*?^\1", re.S | re.M)
 
-# TEMPORARY, removed when these pages get a first block of their own (their
-# edit comes later): they still continue the Getting started example (they
-# use its `os`, `np`, `jax`, `jse`, `P`, `mesh`, `data` and `gda`), so they
-# run after its blocks, in the same process.
-CONTINUES_GETTING_STARTED = {
-  "checkpoints.md": "its blocks use `gda`, `mesh`, `P`, `np` and `os` of Getting started",
-  "multihost.md": "its block uses `gda`, `mesh`, `P`, `np` and `jse` of Getting started",
-}
-
-# TEMPORARY, removed when these pages are edited: they state measured figures
-# by hand (which belong on the Speed page, drawn from the benchmark results).
-FIGURES_BY_HAND = {
-  "checkpoints.md": "the Speed paragraph of 'Checks and errors' and 'about 10x faster saves'",
-  "limits.md": "'about 10x slower' (the Python dispatch path) and the swap's 60 s / 50 ms",
-  "porting.md": "'How well it works': about 6 s / 1 s for a 1 MB file",
-  "changelog.md": "CHANGELOG.md (included): 'about 6 s for a 1 MB file'",
-}
-
-
 def _pages() -> list[pathlib.Path]:
   return sorted(p for p in DOCS.rglob("*.md")
                 if p.relative_to(DOCS).parts[0] not in ("examples", "_generated", "_ext"))
@@ -144,9 +125,6 @@ def _run(blocks: list[tuple[str, int, str]], work: pathlib.Path) -> subprocess.C
 def _run_page(page: pathlib.Path, tmp: pathlib.Path) -> subprocess.CompletedProcess:
   name = str(page.relative_to(DOCS))
   blocks = [(name, line, code) for line, code in _blocks(page)]
-  if name in CONTINUES_GETTING_STARTED:
-    blocks = [("getting_started.md", line, code)
-              for line, code in _blocks(DOCS / "getting_started.md")] + blocks
   return _run(blocks, tmp / name.replace("/", "_"))
 
 
@@ -209,7 +187,7 @@ def test_no_page_states_a_measured_figure_by_hand():
   for page in _pages():
     name = str(page.relative_to(DOCS))
     hits = _FIGURE.findall(_SUBSTITUTION.sub("", _prose(page)))
-    if hits and name not in FIGURES_BY_HAND:
+    if hits:
       found[name] = hits
   assert not found, f"figures written by hand (make them substitutions on speed.md): {found}"
 

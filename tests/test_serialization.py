@@ -206,6 +206,27 @@ def test_run_functions_work_inside_a_running_event_loop(mesh_2d, tmp_path):
 # -- the manager ------------------------------------------------------------------
 
 
+def test_manager_path_forms_save_with_markers_and_restore_gdas(mesh_2d, tmp_path):
+  """Stock's `serialize_with_paths` / `deserialize_with_paths` go through the
+  GDA-era manager: the callback may be left out, the save is committed (no
+  marker left, chunk record written) and the restore gives GDAs; a
+  tensorstore transaction, which markers and records cannot join, is refused
+  before anything is written."""
+  data = np.arange(16, dtype=np.float32).reshape(8, 2)
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x", "y"), lambda i: data[i])
+  manager = serialization.GlobalAsyncCheckpointManager()
+  manager.serialize_with_paths([gda], [str(tmp_path / "w")])
+  manager.wait_until_finished()
+  assert not (tmp_path / "w" / serialization.COMMIT_MARKER).exists()
+  assert (tmp_path / "w" / "jax_sharding_ext.chunks.0").exists()
+  out, = manager.deserialize_with_paths([NamedSharding(mesh_2d, P("y"))], [str(tmp_path / "w")])
+  assert isinstance(out, GlobalDeviceArray) and out.mesh_axes == P("y")
+  np.testing.assert_array_equal(np.asarray(out), data)
+  with pytest.raises(TypeError, match="does not take a tensorstore `transaction`"):
+    manager.serialize_with_paths([gda], [str(tmp_path / "v")], transaction=ts.Transaction())
+  assert not (tmp_path / "v").exists()
+
+
 def test_manager_single_process_commits_in_the_background_exactly_once(mesh_2d, tmp_path):
   assert jax.process_count() == 1  # and jax.distributed was never initialised
   gda, data = _gda(mesh_2d, P("x", "y"))

@@ -416,12 +416,12 @@ def test_the_mark_is_written_before_the_first_chunk_and_kept(mesh_2d, tmp_path, 
   stock and tensorstore read the array as before."""
   gda, data = _gda(mesh_2d)
   seen = []
-  real_serialize = serialization.jax_checkpoint.async_serialize
+  real_serialize = serialization._jax_checkpoint.async_serialize
 
   async def spying(arr, spec, *args, **kwargs):
     seen.append(sorted(os.listdir(tmp_path / "w")))
     return await real_serialize(arr, spec, *args, **kwargs)
-  monkeypatch.setattr(serialization.jax_checkpoint, "async_serialize", spying)
+  monkeypatch.setattr(serialization._jax_checkpoint, "async_serialize", spying)
   monkeypatch.setattr(stock_impl, "async_serialize", spying)  # what stock's manager calls
   SAVES[save](gda, tmp_path / "w")
   monkeypatch.undo()

@@ -1,6 +1,11 @@
-"""Building a GDA's `jax.Array` from the values a data callback returns.
+"""Building a GDA from data callbacks: the constructors, and the work behind them.
 
-`GlobalDeviceArray.from_callback` and `from_batched_callback` ask for one
+`_FromCallbacks` is the mixin behind `GlobalDeviceArray.from_callback`,
+`from_batched_callback` and `from_batched_callback_with_devices`; the
+functions below build the GDA's `jax.Array` from the values a callback
+returns.
+
+`from_callback` and `from_batched_callback` ask for one
 value per local device, check them all, then place them in one
 `pxla.batched_device_put` (through `_transfers.moves.place_host_shards`,
 which judges and records the transfer), as stock
@@ -15,17 +20,21 @@ not once per device.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_sharding_ext._array.checks import check_buffers
-from jax_sharding_ext._array.shard_math import Index, Layout, index_key, layout
+from jax_sharding_ext._array.shard_math import Index, Layout, MeshAxes, Shape, index_key, layout
 from jax_sharding_ext._jax import tables as jax_tables
+from jax_sharding_ext._jax import tracebacks as jax_tracebacks
 from jax_sharding_ext._transfers import moves
+
+if TYPE_CHECKING:
+  from jax_sharding_ext._array.gda import GlobalDeviceArray
 
 
 def require_callable(fn: Any, name: str) -> None:
@@ -174,3 +183,125 @@ def in_device_order(arrays: Any, devices: Sequence[Any]) -> Any:
     if set(on) == set(devices):
       return [on[d] for d in devices]
   return arrays
+
+
+class _FromCallbacks:
+  """Mixin: the GDA-era constructors that take a data callback.
+
+  The class using it provides `_wrap(arr, mesh_axes, shared=...)` (a GDA
+  over a checked `jax.Array`) and a constructor taking device buffers.
+  """
+
+  __slots__ = ()
+
+  if TYPE_CHECKING:  # provided by the class using the mixin
+    @classmethod
+    def _wrap(cls, arr: jax.Array, mesh_axes: Any = None, *,
+              shared: bool = False) -> GlobalDeviceArray: ...
+
+  @classmethod
+  @jax_tracebacks.api_boundary
+  def from_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
+                    data_callback: Callable[[Index], Any]) -> GlobalDeviceArray:
+    """Build a GDA from `data_callback(index)`, called once per local device.
+
+    A `jax.Array` the callback returns with a copy on its device is adopted
+    without a copy (one spanning other devices, or a GDA, is moved there
+    first as an explicit device_to_device transfer), as by stock
+    `jax.make_array_from_callback`: the GDA then shares its buffers with that
+    array, and one call cannot donate the one while passing the other. On CPU
+    devices jaxlib may adopt a suitably aligned numpy array returned by the
+    callback as the device buffer instead of copying it (as stock
+    `jax.make_array_from_callback` and `jax.device_put` do), so do not modify
+    the returned memory afterwards; return a copy if you reuse the buffer.
+
+    Args:
+      global_shape: shape of the global array.
+      global_mesh: the mesh.
+      mesh_axes: see `GlobalDeviceArray`.
+      data_callback: takes an index into the global array (a tuple of slices)
+        and returns the data there, as any array-like (numpy, `jax.Array`,
+        nested lists, a GDA). It is called for every local device, replicas
+        included.
+
+    Returns:
+      A GDA whose `mesh_axes` are `mesh_axes` as given.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+      >>> data = np.arange(16).reshape(8, 2)
+      >>> calls = []
+      >>> def cb(index):
+      ...   calls.append(index)
+      ...   return data[index]
+      >>> gda = GlobalDeviceArray.from_callback((8, 2), mesh, P('x'), cb)
+      >>> len(calls)   # once per local device, replicas included
+      8
+      >>> calls[0]
+      (slice(0, 2, None), slice(None, None, None))
+      >>> np.array_equal(np.asarray(gda), data)
+      True
+    """
+    require_callable(data_callback, "data_callback")
+    lay, devices, indices = placement(global_shape, global_mesh, mesh_axes)
+    values = [data_callback(idx) for idx in indices]
+    arr, shared = host_values_array(lay, global_mesh, mesh_axes, devices, indices,
+                                              values)
+    return cls._wrap(arr, mesh_axes, shared=shared)
+
+  @classmethod
+  @jax_tracebacks.api_boundary
+  def from_batched_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
+                            data_callback: Callable[[Sequence[Index]], Sequence[Any]]
+                            ) -> GlobalDeviceArray:
+    """Like `from_callback`, but `data_callback` is called once.
+
+    It gets the list of indices of all local devices (in
+    `global_mesh.local_devices` order) and returns one array-like per index.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> data = np.arange(8.0)
+      >>> def load(indices):   # one call: read every local shard at once
+      ...   return [data[index] for index in indices]
+      >>> gda = GlobalDeviceArray.from_batched_callback((8,), mesh, P('x'), load)
+      >>> gda.local_data(3)
+      Array([3.], dtype=float32)
+    """
+    require_callable(data_callback, "data_callback")
+    lay, devices, indices = placement(global_shape, global_mesh, mesh_axes)
+    values = checked_batch(data_callback(list(indices)), len(indices))
+    arr, shared = host_values_array(lay, global_mesh, mesh_axes, devices, indices,
+                                              values)
+    return cls._wrap(arr, mesh_axes, shared=shared)
+
+  @classmethod
+  @jax_tracebacks.api_boundary
+  def from_batched_callback_with_devices(
+      cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
+      data_callback: Callable[[Sequence[tuple[Index, tuple[Any, ...]]]], Sequence[jax.Array]],
+  ) -> GlobalDeviceArray:
+    """Like `from_batched_callback`, but the callback places the data itself.
+
+    `data_callback` gets one `(index, devices)` entry per distinct local index
+    (the devices holding that index, in mesh order) and returns one
+    single-device `jax.Array` per local device, e.g. by calling
+    `jax.device_put(data, device)`. The arrays may come in
+    `global_mesh.local_devices` order or grouped per entry; they are matched to
+    devices by where they live.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+      >>> data = np.arange(8.0)
+      >>> def place(entries):   # one entry per distinct shard: read it once
+      ...   return [jax.device_put(data[index], d) for index, devices in entries
+      ...           for d in devices]
+      >>> gda = GlobalDeviceArray.from_batched_callback_with_devices((8,), mesh, P('x'), place)
+      >>> [s.replica_id for s in gda.local_shards[:2]]
+      [0, 1]
+    """
+    require_callable(data_callback, "data_callback")
+    lay, devices, indices = placement(global_shape, global_mesh, mesh_axes)
+    arrays = data_callback(by_index(devices, indices))
+    buffers = device_arrays(lay, global_mesh, mesh_axes, devices, arrays)
+    return cast(Any, cls)(lay.shape, global_mesh, mesh_axes, buffers)

@@ -9,6 +9,14 @@ check `isinstance(x, jax.Array)` take it) that holds exactly one private
 handing a GDA to `jax.jit` passes those buffers straight to the executable
 when the sharding matches.
 
+This module holds the class, its constructor and zero-copy conversions, its
+life (deletion, donation, copies, pickling) and its text. Its mixins hold the
+rest, one responsibility each: the constructors from data callbacks
+(`_FromCallbacks`, `construct.py`), what it says about its global array and
+placement (`_Placement`, `placement.py`), its shards (`_ShardAccess`,
+`shards.py`) and the rest of `jax.Array`'s surface (`_ArraySurface`,
+`surface.py`).
+
 Stock JAX accepts it through its extension tables (`_dispatch/handlers.py`;
 the output flag in `_dispatch/output.py`) as a committed array; every
 transfer of its data goes through `_transfers/moves.py`.
@@ -17,30 +25,34 @@ transfer of its data goes through `_transfers/moves.py`.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from jax_sharding_ext._array import construct, family
-from jax_sharding_ext._array.checks import check_buffers, extended_dtype_error, local_shard_data
-from jax_sharding_ext._array.records import FROM_SHARDING, GdaShape, Shard
-from jax_sharding_ext._array.shard_math import Index, MeshAxes, Shape, layout, old_spec_repr
+from jax_sharding_ext._array.checks import check_buffers, extended_dtype_error
+from jax_sharding_ext._array.construct import _FromCallbacks
+from jax_sharding_ext._array.placement import _Placement
+from jax_sharding_ext._array.records import FROM_SHARDING, Shard
+from jax_sharding_ext._array.shard_math import MeshAxes, Shape, layout, old_spec_repr
+from jax_sharding_ext._array.shards import _ShardAccess
 from jax_sharding_ext._array.surface import _ArraySurface
 from jax_sharding_ext._edit import STATE, uninstalled_error
 from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
+from jax_sharding_ext._public import public
 from jax_sharding_ext._transfers import moves
 
 _USE = "use it in a JAX operation"
 
 
-class GlobalDeviceArray(_ArraySurface, jax.Array):
+@public("jax_sharding_ext")
+class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface, jax.Array):
   """A logical array sharded across the devices (and processes) of a mesh.
 
   Each process holds a `GlobalDeviceArray` for the same global array; it can
@@ -48,6 +60,9 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
   `pjit`, `jax.numpy`, `shard_map`, and read the data of the shards on its own
   devices (`local_shards`). It is a zero-copy view over a `jax.Array`:
   `to_jax_array()` returns that array and `from_jax_array()` wraps one.
+  It has `jax.Array`'s operators, methods and properties too (forwarded to
+  that view; their results are `jax.Array`s), and `isinstance(gda,
+  jax.Array)` is True.
 
   Args:
     global_shape: shape of the global array.
@@ -58,13 +73,31 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     device_buffers: one single-device `jax.Array` per device of
       `global_mesh.local_devices`, in that order.
 
+  Raises:
+    ValueError: the buffers' devices, shard shapes or dtypes do not match
+      the mesh and `mesh_axes` (the message names what differs), or
+      `mesh_axes` names an axis the mesh lacks or uses one twice.
+    TypeError: a shape entry is not an int, or a buffer is not a `jax.Array`.
+
   Example:
     >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
     >>> data = np.arange(16).reshape(8, 2)
     >>> gda = GlobalDeviceArray.from_callback((8, 2), mesh, P('x', 'y'),
     ...                                       lambda index: data[index])
+    >>> gda
+    GlobalDeviceArray(shape=(8, 2), dtype=int32,
+      global_mesh_shape={'x': 4, 'y': 2}, mesh_axes=PartitionSpec('x', 'y'))
     >>> gda.local_shards[0].index
     (slice(0, 2, None), slice(0, 1, None))
+    >>> out = jax.jit(lambda x: x * 2)(gda)   # stock jit, following the GDA's sharding
+    >>> out.sharding == gda.sharding
+    True
+
+    The constructor itself takes one buffer per local device:
+
+    >>> buffers = [jax.device_put(data[s.index], s.device) for s in gda.local_shards]
+    >>> GlobalDeviceArray((8, 2), mesh, P('x', 'y'), buffers).shape
+    (8, 2)
   """
 
   # `_init` and `rebuild` (the hot path of every GDA output) set every slot.
@@ -127,7 +160,21 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
   def from_jax_array(cls, arr: jax.Array) -> GlobalDeviceArray:
     """Wrap a `jax.Array` with a `NamedSharding`; no copy, no transfer.
 
-    `mesh_axes` of the result is `arr.sharding.spec`.
+    `mesh_axes` of the result is `arr.sharding.spec`. A GDA is returned as it
+    is. The two share their buffers: donating or deleting one deletes both.
+
+    Raises:
+      ValueError: the sharding is not a `NamedSharding`.
+      TypeError: `arr` is not a concrete `jax.Array` (a tracer, numpy).
+      RuntimeError: `arr` was deleted or donated.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> arr = jax.device_put(np.arange(8), jax.sharding.NamedSharding(mesh, P('x')))
+      >>> gda = GlobalDeviceArray.from_jax_array(arr)
+      >>> gda.mesh_axes, gda.local_data(0).unsafe_buffer_pointer() == (
+      ...     arr.addressable_data(0).unsafe_buffer_pointer())
+      (P('x',), True)
     """
     if isinstance(arr, GlobalDeviceArray):
       return arr
@@ -156,6 +203,17 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
 
     It shares the buffers, deletion and donation with the GDA: deleting or
     donating either deletes both, as for two names of one array.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> gda = GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+      ...                                       lambda index: np.arange(8)[index])
+      >>> arr = gda.to_jax_array()
+      >>> type(arr) is GlobalDeviceArray, arr.sharding == gda.sharding
+      (False, True)
+      >>> arr.delete()
+      >>> gda.is_deleted()
+      True
     """
     return family.handed_out(self, self._checked_array("convert it with `to_jax_array()`"))
 
@@ -205,178 +263,19 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     moves.to_host(self)
     return self._arr
 
-  # -- constructors from host data ------------------------------------------
-
-  @classmethod
-  @jax_tracebacks.api_boundary
-  def from_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
-                    data_callback: Callable[[Index], Any]) -> GlobalDeviceArray:
-    """Build a GDA from `data_callback(index)`, called once per local device.
-
-    Args:
-      global_shape: shape of the global array.
-      global_mesh: the mesh.
-      mesh_axes: see `GlobalDeviceArray`.
-      data_callback: takes an index into the global array (a tuple of slices)
-        and returns the data there, as any array-like (numpy, `jax.Array`,
-        nested lists). It is called for every local device, replicas included.
-
-    A `jax.Array` with a copy on its device is adopted without a copy (one
-    spanning other devices is moved there first), as by stock
-    `jax.make_array_from_callback`: the GDA then shares its buffers with that
-    array, and one call cannot donate the one while passing the other. On CPU
-    devices jaxlib may adopt a suitably aligned numpy array returned by the
-    callback as the device buffer instead of copying it (as stock
-    `jax.make_array_from_callback` and `jax.device_put` do), so do not modify
-    the returned memory afterwards; return a copy if you reuse the buffer.
-    """
-    construct.require_callable(data_callback, "data_callback")
-    lay, devices, indices = construct.placement(global_shape, global_mesh, mesh_axes)
-    values = [data_callback(idx) for idx in indices]
-    arr, shared = construct.host_values_array(lay, global_mesh, mesh_axes, devices, indices,
-                                              values)
-    return cls._wrap(arr, mesh_axes, shared=shared)
-
-  @classmethod
-  @jax_tracebacks.api_boundary
-  def from_batched_callback(cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
-                            data_callback: Callable[[Sequence[Index]], Sequence[Any]]
-                            ) -> GlobalDeviceArray:
-    """Like `from_callback`, but `data_callback` is called once.
-
-    It gets the list of indices of all local devices (in
-    `global_mesh.local_devices` order) and returns one array-like per index.
-    """
-    construct.require_callable(data_callback, "data_callback")
-    lay, devices, indices = construct.placement(global_shape, global_mesh, mesh_axes)
-    values = construct.checked_batch(data_callback(list(indices)), len(indices))
-    arr, shared = construct.host_values_array(lay, global_mesh, mesh_axes, devices, indices,
-                                              values)
-    return cls._wrap(arr, mesh_axes, shared=shared)
-
-  @classmethod
-  @jax_tracebacks.api_boundary
-  def from_batched_callback_with_devices(
-      cls, global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes,
-      data_callback: Callable[[Sequence[tuple[Index, tuple[Any, ...]]]], Sequence[jax.Array]],
-  ) -> GlobalDeviceArray:
-    """Like `from_batched_callback`, but the callback places the data itself.
-
-    `data_callback` gets one `(index, devices)` entry per distinct local index
-    (the devices holding that index, in mesh order) and returns one
-    single-device `jax.Array` per local device, e.g. by calling
-    `jax.device_put(data, device)`. The arrays may come in
-    `global_mesh.local_devices` order or grouped per entry; they are matched to
-    devices by where they live.
-    """
-    construct.require_callable(data_callback, "data_callback")
-    lay, devices, indices = construct.placement(global_shape, global_mesh, mesh_axes)
-    arrays = data_callback(construct.by_index(devices, indices))
-    return cls(lay.shape, global_mesh, mesh_axes,
-               construct.device_arrays(lay, global_mesh, mesh_axes, devices, arrays))
-
-  # -- attributes ---------------------------------------------------------------
-
-  @property
-  def shape(self) -> Shape:
-    return GdaShape(self._arr.shape, self)
-
-  @property
-  def dtype(self) -> np.dtype:
-    return self._arr.dtype
-
-  @property
-  def ndim(self) -> int:
-    return self._arr.ndim
-
-  @property
-  def size(self) -> int:
-    return math.prod(self._arr.shape)
-
-  @property
-  def nbytes(self) -> int:
-    return self.size * self.dtype.itemsize
-
-  @property
-  def mesh(self) -> Mesh:
-    mesh = self._mesh
-    if mesh is None:
-      mesh = self._mesh = self._arr.sharding.mesh
-    return mesh
-
-  @property
-  def mesh_axes(self) -> MeshAxes:
-    axes = self._mesh_axes
-    if axes is FROM_SHARDING:
-      axes = self._mesh_axes = self._arr.sharding.spec
-    return axes
-
-  @property
-  def sharding(self) -> NamedSharding:
-    return self._arr.sharding
-
-  @property
-  def format(self):
-    return self._arr.format
-
-  @property
-  def is_fully_replicated(self) -> bool:
-    return self._arr.sharding.is_fully_replicated
-
-  @property
-  def is_fully_addressable(self) -> bool:
-    return self._arr.sharding.is_fully_addressable
-
-  @property
-  def local_shards(self) -> list[Shard]:
-    """The shards on this process's devices, in `mesh.local_devices` order.
-
-    Their `data` are the GDA's own buffers: from here on, arrays the package
-    does not see may be built over them (`family.py`).
-    """
-    arr = self._checked_array("read its local shards")
-    shards = self._local_shards
-    if shards is None:
-      family.mark_shared(self)
-      lay = layout(self.shape, self.mesh, self.mesh_axes)
-      indices, rids = lay.indices, lay.replica_ids
-      pos = {d: i for i, d in enumerate(self.mesh.devices.flat)}
-      try:
-        data = {next(iter(a.sharding.device_set)): a
-                for a in jax_buffers.single_device_arrays(arr)}
-        shards = [Shard(d, indices[pos[d]], rids[pos[d]], data[d])
-                  for d in self.mesh.local_devices]
-      except Exception:  # deleted by another thread meanwhile: say so
-        self._checked_array("read its local shards")
-        raise
-      self._local_shards = shards
-    return list(shards)
-
-  addressable_shards = local_shards
-
-  @property
-  def global_shards(self) -> list[Shard]:
-    """Every device's shard; `data` is None for devices of other processes."""
-    local = {s.device: s for s in self.local_shards}
-    lay = layout(self.shape, self.mesh, self.mesh_axes)
-    indices, rids = lay.indices, lay.replica_ids
-    return [local.get(d) or Shard(d, idx, rid, None)
-            for d, idx, rid in zip(self.mesh.devices.flat, indices, rids, strict=True)]
-
-  def local_data(self, i: int) -> jax.Array:
-    """The data of local shard `i` (Python indexing) as a single-device array."""
-    return local_shard_data(self.local_shards, i, "local_data")
-
-  def addressable_data(self, index: int) -> Any:  # a single-device `jax.Array`
-    """`jax.Array.addressable_data`: `local_data(index)`."""
-    return local_shard_data(self.local_shards, index, "addressable_data")
-
-  @property
-  def _device_buffers(self) -> list[jax.Array]:
-    """The GDA-era attribute: the local shards' data, in `mesh.local_devices` order."""
-    return [cast(jax.Array, s.data) for s in self.local_shards]
-
   def block_until_ready(self) -> GlobalDeviceArray:
+    """Wait until the computation that produces this GDA has finished; return it.
+
+    Raises the computation's error if it failed, and the GDA-era
+    `RuntimeError` if the GDA was deleted or donated.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> gda = GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+      ...                                       lambda index: np.arange(8)[index])
+      >>> gda.block_until_ready() is gda
+      True
+    """
     try:
       self._arr.block_until_ready()
     except RuntimeError:
@@ -385,22 +284,51 @@ class GlobalDeviceArray(_ArraySurface, jax.Array):
     return self
 
   def copy_to_host_async(self) -> None:
-    """Start fetching the value to the host (a device_to_host transfer)."""
+    """Start fetching the value to the host (a device_to_host transfer).
+
+    A later `np.asarray(gda)` reads the host copy. The transfer guard judges
+    the fetch and the transfer ledger records it, as for `np.asarray`.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> gda = GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+      ...                                       lambda index: np.arange(8)[index])
+      >>> gda.copy_to_host_async()
+      >>> np.asarray(gda)
+      array([0, 1, 2, 3, 4, 5, 6, 7], dtype=int32)
+    """
     moves.start_host_copy(self)
 
   def delete(self) -> None:
-    """Free the device buffers; later uses raise `RuntimeError`."""
+    """Free the device buffers; later uses raise `RuntimeError`.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> gda = GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+      ...                                       lambda index: np.arange(8)[index])
+      >>> gda.delete()
+      >>> gda.local_data(0)
+      Traceback (most recent call last):
+      RuntimeError: GlobalDeviceArray has been deleted. ...
+    """
     jax_buffers.delete(self._arr)
     self._local_shards = None
 
   def is_deleted(self) -> bool:
-    """True once deleted or donated, also through another array over one of
-    its buffers (a shared GDA, `family.py`)."""
+    """Return True once deleted or donated, also through another array over
+    its buffers (e.g. its `to_jax_array()` donated to a `jax.jit` call).
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> gda = GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+      ...                                       lambda index: np.arange(8.0)[index])
+      >>> step = jax.jit(lambda x: x + 1, donate_argnums=0)
+      >>> out = step(gda)
+      >>> gda.is_deleted(), out.is_deleted()
+      (True, False)
+    """
     arr = self._arr
     return arr.is_deleted() or (self._shared and jax_buffers.shard_deleted(arr))
-
-  def devices(self) -> set:
-    return self._arr.devices()
 
   def __copy__(self) -> GlobalDeviceArray:
     return type(self)._wrap(copy.copy(self._checked_array("copy it")), self.mesh_axes)

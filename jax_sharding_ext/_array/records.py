@@ -12,6 +12,7 @@ import jax
 from jax.sharding import PartitionSpec, Sharding
 
 from jax_sharding_ext._array.shard_math import Index
+from jax_sharding_ext._public import public
 
 
 class Sentinel:
@@ -34,7 +35,22 @@ class Sentinel:
 
 
 class FromGda(Sentinel):
-  """Sentinel for legacy `pjit(in_axis_resources=FROM_GDA)`."""
+  """`FROM_GDA`: in legacy `pjit`'s `in_axis_resources`, "this argument's own sharding".
+
+  The argument must be a `GlobalDeviceArray` or a `jax.Array` with a
+  `NamedSharding`; anything else is a `ValueError`, as in the GDA era.
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> gda = GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+    ...                                       lambda index: np.arange(8.0)[index])
+    >>> double = pjit(lambda x: 2 * x, in_axis_resources=FROM_GDA)
+    >>> double(gda).sharding == gda.sharding   # no mesh context needed
+    True
+    >>> double(np.arange(8.0))
+    Traceback (most recent call last):
+    ValueError: ...
+  """
 
   _name = "FROM_GDA"
 FROM_GDA = FromGda()
@@ -48,6 +64,7 @@ def is_spec_leaf(x: Any) -> bool:
   return x is None or isinstance(x, (PartitionSpec, Sharding, FromGda))
 
 
+@public("jax_sharding_ext")
 @dataclasses.dataclass(frozen=True)
 class Shard:
   """A single data shard of a `GlobalDeviceArray`.
@@ -59,6 +76,17 @@ class Shard:
       for every shard of fully sharded data.
     data: the shard as a single-device `jax.Array`; `None` when `device`
       belongs to another process.
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> gda = GlobalDeviceArray.from_callback((8, 2), mesh, P('x'),
+    ...                                       lambda index: np.arange(16.0).reshape(8, 2)[index])
+    >>> shard = gda.local_shards[3]
+    >>> shard.device == mesh.devices.flat[3], shard.index, shard.replica_id
+    (True, (slice(2, 4, None), slice(None, None, None)), 1)
+    >>> shard.data
+    Array([[4., 5.],
+           [6., 7.]], dtype=float32)
   """
 
   device: Any

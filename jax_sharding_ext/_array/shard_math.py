@@ -296,6 +296,14 @@ def get_shard_indices(global_shape: Shape, global_mesh: Mesh,
   Returns:
     A dict from each device to its index, a tuple of `slice` with
     `slice(None)` for dimensions that are not split.
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> indices = get_shard_indices((8, 4), mesh, P('x'))
+    >>> indices[mesh.devices[1, 0]]   # row 1 of 'x'; 'y' does not split
+    (slice(2, 4, None), slice(None, None, None))
+    >>> get_shard_indices((8, 4), mesh, ['x', 'y'])[mesh.devices[0, 1]]   # a list works too
+    (slice(0, 2, None), slice(2, 4, None))
   """
   lay = layout(global_shape, global_mesh, mesh_axes)
   return dict(zip(global_mesh.devices.flat, lay.indices, strict=True))
@@ -307,7 +315,15 @@ def get_shard_indices_replica_ids(global_shape: Shape, global_mesh: Mesh,
   """Return `{device: (index, replica_id)}` for every device of `global_mesh`.
 
   Replica ids count up from 0 for each distinct index, in
-  `global_mesh.devices.flat` order.
+  `global_mesh.devices.flat` order. Arguments as for `get_shard_indices`.
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> ids = get_shard_indices_replica_ids((8, 4), mesh, P('x'))
+    >>> [ids[d][1] for d in mesh.devices[0]]   # two replicas of each row block
+    [0, 1]
+    >>> ids[mesh.devices[0, 1]][0] == ids[mesh.devices[0, 0]][0]
+    True
   """
   lay = layout(global_shape, global_mesh, mesh_axes)
   return dict(zip(global_mesh.devices.flat, zip(lay.indices, lay.replica_ids, strict=True),
@@ -316,7 +332,17 @@ def get_shard_indices_replica_ids(global_shape: Shape, global_mesh: Mesh,
 
 @jax_tracebacks.api_boundary
 def get_shard_shape(global_shape: Shape, global_mesh: Mesh, mesh_axes: MeshAxes) -> Shape:
-  """Return the shape of every shard of the global array."""
+  """Return the shape of every shard of the global array.
+
+  Arguments as for `get_shard_indices`; every shard has the same shape.
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> get_shard_shape((8, 4), mesh, P('x', 'y')), get_shard_shape((8, 4), mesh, P(('x', 'y')))
+    ((2, 2), (1, 4))
+    >>> get_shard_shape((8, 4), mesh, P())   # replicated: the whole array
+    (8, 4)
+  """
   return layout(global_shape, global_mesh, mesh_axes).shard_shape
 
 

@@ -50,7 +50,8 @@ PUBLIC_METHODS = (
     "cumsum", "device", "diagonal", "dot", "flat", "flatten", "imag", "mT", "max", "mean",
     "min", "nonzero", "prod", "ptp", "ravel", "real", "repeat", "reshape", "round",
     "searchsorted", "sort", "squeeze", "std", "sum", "swapaxes", "take", "to_device",
-    "trace", "transpose", "var", "view", "is_ready", "platform", "_split", "_multi_slice", "_chunk_iter", "_unstack",
+    "trace", "transpose", "var", "view", "is_ready", "platform", "_split", "_multi_slice",
+    "_chunk_iter", "_unstack",
 )
 """Names of `jax.Array` forwarded as they are (the GDA defines the rest)."""
 
@@ -100,12 +101,23 @@ def _forwarded(name: str) -> Any:
   if isinstance(inspect.getattr_static(ArrayImpl, name), types.FunctionType):
     method = _unary(name)
     method.__doc__ = f"`jax.Array.{name}` of the zero-copy `jax.Array` view."
+    method.__signature__ = _parameters_of(getattr(ArrayImpl, name))
     return method
 
   def get(self):
     arr = self._checked_array(_ACTION)
     return _own(self, arr, getattr(arr, name))
   return property(get, doc=f"`jax.Array.{name}` of the zero-copy `jax.Array` view.")
+
+
+def _parameters_of(fn: Any) -> inspect.Signature:
+  """`fn`'s parameters without their annotations (which name types of JAX's
+  private modules): what `help()` and the API reference show for a
+  forwarded method."""
+  sig = inspect.signature(fn)
+  return sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                 for p in sig.parameters.values()],
+                     return_annotation=inspect.Signature.empty)
 
 
 def _shard_reading(name: str) -> property:

@@ -9,7 +9,8 @@
 - `saving` / `reading`: how a save and a restore run;
 - `recording`: saves and restores in the transfer ledger;
 - `running`: running their coroutines from any thread;
-- `args`: the two calling conventions of the old deserialization functions.
+- `args`: the two calling conventions of the old deserialization functions;
+- `manager`: the GDA-era checkpoint managers.
 
 Needs tensorstore, an optional extra; `serialization` imports it first and
 names the extra when it is missing.

@@ -24,6 +24,11 @@ from jax.sharding import Mesh, PartitionSpec, Sharding
 
 MESH, SHARDING = "mesh", "sharding"
 
+TensorstoreSpec = dict[str, Any] | ts.Spec
+"""A tensorstore spec: a dict (e.g. from `get_tensorstore_spec(path)`) or a `ts.Spec`."""
+DTypeLike = Any
+"""A numpy or JAX dtype, or its name."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Forms:

@@ -43,7 +43,8 @@ async def read(spec: Any, global_shape: Any, dtype: Any, byte_limiter: Any,
   arr: Any
   checked: Any
   arr, checked = await asyncio.gather(
-      jax_checkpoint.async_deserialize(sharding, spec, tuple(shape), dtype, byte_limiter=byte_limiter),
+      jax_checkpoint.async_deserialize(sharding, spec, tuple(shape), dtype,
+                                       byte_limiter=byte_limiter),
       integrity.check_read(spec, t, sharding, shape, at), return_exceptions=True)
   if isinstance(checked, BaseException) or isinstance(arr, BaseException):
     # Stock's other reads of this array may still run (its `gather` raised the

@@ -60,7 +60,8 @@ async def save(fn: str, arrs: Sequence[jax.Array], specs: Sequence[dict], choice
   committed."""
   stores, fresh = await prepare(fn, arrs, specs, choice)
   regions = [integrity.written_regions(a) for a in arrs]
-  await asyncio.gather(*(jax_checkpoint.async_serialize(a, s) for a, s in zip(arrs, specs, strict=True)))
+  await asyncio.gather(*(jax_checkpoint.async_serialize(a, s)
+                         for a, s in zip(arrs, specs, strict=True)))
   await integrity.write_records(regions, specs, fresh)
   if commit:
     await markers.mark(stores, False)

@@ -109,7 +109,8 @@ def donation_vector(donate_argnums: int | Iterable[int], args: Sequence[Any],
     `kwargs`.
 
   Example:
-    >>> donation_vector((0,), ((x, y), z), {"w": w})
+    >>> x, y, z, w = np.zeros(2), np.ones(2), 1.0, 2.0
+    >>> donation_vector((0,), ((x, y), z), {"w": w})   # argument 0 has two leaves
     (True, True, False, False)
   """
   donated = set(parse_argnums(donate_argnums, "donate_argnums"))
@@ -126,9 +127,6 @@ def rebase_donate_argnums(donate_argnums: int | Iterable[int],
                           static_argnums: int | Iterable[int]) -> tuple[int, ...]:
   """Shift `donate_argnums` to index the arguments left after removing statics.
 
-  >>> rebase_donate_argnums((3, 4), (0, 1))
-  (1, 2)
-
   Args:
     donate_argnums: an int or an iterable of ints.
     static_argnums: an int or an iterable of ints.
@@ -139,6 +137,13 @@ def rebase_donate_argnums(donate_argnums: int | Iterable[int],
 
   Raises:
     ValueError: an argument is both static and donated.
+
+  Example:
+    >>> rebase_donate_argnums((3, 4), (0, 1))   # arguments 0 and 1 are static
+    (1, 2)
+    >>> rebase_donate_argnums(1, 1)
+    Traceback (most recent call last):
+    ValueError: ...
   """
   donate = sorted(set(parse_argnums(donate_argnums, "donate_argnums")))
   static = sorted(set(parse_argnums(static_argnums, "static_argnums")))

@@ -29,6 +29,16 @@ def effects_barrier() -> None:
   later ordered effects start afresh (after an asynchronous failure on
   several devices, stock JAX raises it at every barrier and fails every later
   computation with the same ordered effect).
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> @jax.jit
+    ... def step(x):
+    ...   jax.debug.print("total {t}", t=x.sum(), ordered=True)   # on 8 devices
+    ...   return x + 1
+    >>> x = jax.device_put(np.arange(8.0), jax.sharding.NamedSharding(mesh, P('x')))
+    >>> y = step(x); effects_barrier()   # the print has run when it returns
+    total 28.0
   """
   if jax_frames.in_host_callback():
     # Called from inside a host callback: the computation running it cannot

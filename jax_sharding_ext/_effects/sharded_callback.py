@@ -197,10 +197,18 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
     RuntimeError: jax_sharding_ext is uninstalled.
 
   Example:
+    >>> mesh = Mesh(np.array(jax.devices()[:2]), ('x',))
+    >>> x = jax.device_put(np.arange(4.0), jax.sharding.NamedSharding(mesh, P('x')))
+    >>> seen = []
     >>> @jax.jit
     ... def step(x):
-    ...   sharded_callback(lambda d, i, dev: print(dev.id, i, d.sum()), x)
+    ...   sharded_callback(lambda data, index, device: seen.append((device.id, index, data)), x)
     ...   return x * 2
+    >>> y = step(x)
+    >>> effects_barrier()
+    >>> sorted(seen, key=lambda s: s[0])
+    [(0, (slice(0, 2, None),), array([0., 1.], dtype=float32)),
+     (1, (slice(2, 4, None),), array([2., 3.], dtype=float32))]
   """
   if not STATE.installed:
     raise RuntimeError(

@@ -5,6 +5,7 @@ effect-type sets (ordered, shardable, ...), undone by `uninstall()`.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from jax_sharding_ext._edit import Edit
 from jax_sharding_ext._jax import effects as jax_effects
@@ -78,6 +79,30 @@ def _effect_str(self):
   return type(self).__name__
 
 
+def _checked_options(name: Any, options: dict[str, Any]) -> dict[str, bool]:
+  """`declare_effect`'s arguments, checked: `name` an identifier, each
+  option a bool, `shardable` only with `ordered`."""
+  if not isinstance(name, str):
+    raise TypeError(
+        f"`declare_effect(name, ...)` needs the effect's name as a string, got "
+        f"{type(name).__name__} {name!r}. Example: `declare_effect('MyLogEffect', ordered=True)`.")
+  if not name.isidentifier():
+    raise ValueError(
+        f"`declare_effect` names the effect class, so {name!r} must be a Python "
+        "identifier. Example: `declare_effect('MyLogEffect', ordered=True)`.")
+  for key, value in options.items():
+    if not isinstance(value, bool):
+      raise TypeError(
+          f"`declare_effect({name!r}, {key}=...)` must be True or False, got {value!r}.")
+  if options["shardable"] and not options["ordered"]:
+    raise ValueError(
+        f"`declare_effect({name!r}, shardable=True, ordered=False)`: only an "
+        "ordered effect can be shardable (shardable relaxes the single-device "
+        "rule for ordered effects; unordered effects already run on any number "
+        "of devices). Pass `ordered=True`, or drop `shardable=True`.")
+  return options
+
+
 @jax_tracebacks.api_boundary
 def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
                    lowerable: bool = True, control_flow: bool = True,
@@ -111,28 +136,23 @@ def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
     TypeError: `name` is not a string, or an option is not a bool.
     ValueError: `name` is not an identifier, `shardable=True` without
       `ordered=True`, or `name` was declared before with other options.
+
+  Example:
+    >>> AuditEffect = declare_effect("AuditEffect", ordered=True, shardable=True)
+    >>> AuditEffect.__name__, AuditEffect() == AuditEffect()
+    ('AuditEffect', True)
+    >>> declare_effect("AuditEffect", ordered=True, shardable=True) is AuditEffect
+    True
+    >>> declare_effect("AuditEffect", ordered=False)
+    Traceback (most recent call last):
+    ValueError: Effect 'AuditEffect' was already declared with different options: ...
+
+    A primitive whose abstract evaluation returns `{AuditEffect()}` as its
+    effects then runs in program order under `jax.jit` over several devices.
   """
-  if not isinstance(name, str):
-    raise TypeError(
-        f"`declare_effect(name, ...)` needs the effect's name as a string, got "
-        f"{type(name).__name__} {name!r}. Example: `declare_effect('MyLogEffect', ordered=True)`.")
-  if not name.isidentifier():
-    raise ValueError(
-        f"`declare_effect` names the effect class, so {name!r} must be a Python "
-        "identifier. Example: `declare_effect('MyLogEffect', ordered=True)`.")
-  options = dict(ordered=ordered, shardable=shardable, lowerable=lowerable,
-                 control_flow=control_flow, custom_derivatives=custom_derivatives,
-                 remat=remat)
-  for key, value in options.items():
-    if not isinstance(value, bool):
-      raise TypeError(
-          f"`declare_effect({name!r}, {key}=...)` must be True or False, got {value!r}.")
-  if shardable and not ordered:
-    raise ValueError(
-        f"`declare_effect({name!r}, shardable=True, ordered=False)`: only an "
-        "ordered effect can be shardable (shardable relaxes the single-device "
-        "rule for ordered effects; unordered effects already run on any number "
-        "of devices). Pass `ordered=True`, or drop `shardable=True`.")
+  options = _checked_options(name, dict(
+      ordered=ordered, shardable=shardable, lowerable=lowerable, control_flow=control_flow,
+      custom_derivatives=custom_derivatives, remat=remat))
   with _lock:
     if name in _declared:
       typ, previous = _declared[name]
@@ -187,6 +207,14 @@ def mark_shardable(effect_type: type) -> type:
   Raises:
     TypeError: `effect_type` is not an effect class.
     ValueError: `effect_type` is not ordered.
+
+  Example:
+    >>> MetricsEffect = declare_effect("MetricsEffect", ordered=True)   # one device only
+    >>> mark_shardable(MetricsEffect) is MetricsEffect
+    True
+    >>> mark_shardable(declare_effect("CacheEffect", ordered=False))
+    Traceback (most recent call last):
+    ValueError: `mark_shardable(CacheEffect)`: the effect is not ordered, ...
   """
   if not (isinstance(effect_type, type) and issubclass(effect_type, jax_effects.Effect)):
     raise TypeError(

@@ -231,7 +231,11 @@ def pjit(fun: Callable,
          donate_argnames: str | Iterable[str] | None = None,
          keep_unused: bool = False,
          inline: bool = False) -> Callable:
-  """Compile `fun` for the mesh of the enclosing `with mesh:` (GDA-era `pjit`).
+  """Compile `fun` with GDA-era `pjit`'s signature, on stock `jax.jit`.
+
+  A bare `PartitionSpec` in the specs resolves against the mesh of the
+  enclosing `with jax.set_mesh(mesh):` (or the deprecated `with mesh:`) at
+  each call.
 
   Args:
     fun: the function to compile.
@@ -262,10 +266,18 @@ def pjit(fun: Callable,
       given, or an argument is both static and donated.
 
   Example:
-    >>> f = pjit(lambda x: x @ x.T, in_axis_resources=P('x', 'y'),
+    >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+    >>> gda = GlobalDeviceArray.from_callback((8, 2), mesh, P('x', 'y'),
+    ...                                       lambda index: np.ones((8, 2))[index])
+    >>> f = pjit(lambda x: x @ x.T, in_axis_resources=FROM_GDA,
     ...          out_axis_resources=P('x', 'y'))
-    >>> with global_mesh:
+    >>> with jax.set_mesh(mesh):   # the mesh the bare `P('x', 'y')` resolves against
     ...   out = f(gda)
+    >>> out.shape, out.sharding == jax.sharding.NamedSharding(mesh, P('x', 'y'))
+    ((8, 8), True)
+    >>> with parallel_functions_output_gda(True), jax.set_mesh(mesh):
+    ...   type(f(gda)).__name__
+    'GlobalDeviceArray'
   """
   state = _Pjit(parse(fun, in_axis_resources, out_axis_resources, static_argnums,
                       donate_argnums, in_shardings, out_shardings, static_argnames,

@@ -38,6 +38,7 @@ import numpy as np
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import transfer as jax_transfer
 from jax_sharding_ext._jax.frames import CallSite
+from jax_sharding_ext._public import public
 
 _DIRECTIONS = jax_transfer.TRANSFER_DIRECTIONS
 
@@ -70,6 +71,7 @@ class _SiteField:
     record.__dict__["site"] = value
 
 
+@public("jax_sharding_ext")
 @dataclasses.dataclass(frozen=True)
 class TransferRecord:
   """One transfer of a `GlobalDeviceArray`.
@@ -90,6 +92,17 @@ class TransferRecord:
       path relative to the working directory when inside it, or in a
       notebook `"Cell In[n], line k"`. The text is built when first read
       (so a path is relative to the working directory at that time).
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> with jse.transfer_ledger() as ledger:
+    ...   gda = jse.GlobalDeviceArray.from_callback(
+    ...       (8,), mesh, P('x'), lambda index: np.arange(8, dtype=np.float32)[index])
+    >>> record, = ledger.records
+    >>> record.direction, record.explicit, record.nbytes, record.shape
+    ('host_to_device', True, 32, (8,))
+    >>> record.src, len(record.dst)   # from the host to 8 devices
+    ((), 8)
   """
 
   direction: str
@@ -111,10 +124,27 @@ class _Totals(dict):
     raise KeyError(key)
 
 
+@public("jax_sharding_ext")
 class TransferLedger:
   """The records of the transfers made while this ledger was open.
 
-  Create it with `jax_sharding_ext.transfer_ledger()`; see its docstring.
+  Create it with `jax_sharding_ext.transfer_ledger()` and open it with
+  `with`; it stays readable after the block. A ledger opens once.
+
+  Attributes:
+    records: every `TransferRecord` made while the ledger was open, in the
+      order made.
+
+  Example:
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> gda = jse.GlobalDeviceArray.from_callback((8,), mesh, P('x'),
+    ...                                           lambda index: np.zeros(8)[index])
+    >>> with jse.transfer_ledger() as ledger:
+    ...   value = np.asarray(gda)
+    >>> ledger
+    TransferLedger(1 records; device_to_host: 1 (32 bytes))
+    >>> [(r.direction, r.explicit) for r in ledger.records]
+    [('device_to_host', False)]
   """
 
   def __init__(self):
@@ -132,6 +162,11 @@ class TransferLedger:
     with _lock:
       open_count += 1
     return self
+
+  def __getstate__(self) -> dict:
+    # A pickled ledger is a closed one with the same records (the stack of
+    # open ledgers belongs to the thread that opened it).
+    return {"records": self.records, "_stack": None}
 
   def __exit__(self, *exc) -> None:
     global open_count
@@ -152,6 +187,17 @@ class TransferLedger:
     Only directions that occurred are keys (in the order host_to_device,
     device_to_device, device_to_host); looking up one that did not occur gives
     `(0, 0)`.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> with jse.transfer_ledger() as ledger:
+      ...   gda = jse.GlobalDeviceArray.from_callback(
+      ...       (8,), mesh, P(), lambda index: np.zeros(8, np.float32)[index])
+      ...   value = np.asarray(gda)
+      >>> ledger.totals()   # a replicated placement writes every replica
+      {'host_to_device': (1, 256), 'device_to_host': (1, 32)}
+      >>> ledger.totals()['device_to_device']
+      (0, 0)
     """
     out = _Totals()
     for d in _DIRECTIONS:
@@ -165,7 +211,22 @@ class TransferLedger:
     return out
 
   def summary(self) -> str:
-    """Return a printable table: count and bytes per direction and kind."""
+    """Return a printable table: count and bytes per direction and kind.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> with jse.transfer_ledger() as ledger:
+      ...   gda = jse.GlobalDeviceArray.from_callback(
+      ...       (8,), mesh, P('x'), lambda index: np.zeros(8, np.float32)[index])
+      ...   value = np.asarray(gda)
+      >>> print(ledger.summary())
+      direction       kind      count  bytes
+      --------------------------------------
+      host_to_device  explicit      1   32 B
+      device_to_host  implicit      1   32 B
+      --------------------------------------
+      total                         2   64 B
+    """
     rows = []
     for d in _DIRECTIONS:
       for explicit in (True, False):
@@ -228,12 +289,16 @@ def transfer_ledger() -> TransferLedger:
     `totals()` and `summary()`.
 
   Example:
-    >>> with jax_sharding_ext.transfer_ledger() as ledger:
-    ...   gda = GlobalDeviceArray.from_callback(shape, mesh, P("x"), cb)
+    >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+    >>> data = np.arange(16, dtype=np.float32)
+    >>> with transfer_ledger() as ledger:
+    ...   gda = GlobalDeviceArray.from_callback((16,), mesh, P('x'),
+    ...                                         lambda index: data[index])
     ...   host = np.asarray(gda)
     >>> ledger.totals()
     {'host_to_device': (1, 64), 'device_to_host': (1, 64)}
-    >>> print(ledger.summary())
+    >>> ledger.records[1].site   # the line of the user's call
+    '<doctest ...>:4'
   """
   return TransferLedger()
 

@@ -30,19 +30,16 @@ called: importing this package never imports it.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+import types
 
 from jax_sharding_ext.port._finding import Finding
-
-if TYPE_CHECKING:
-  from types import ModuleType
 
 __all__ = ["LIBCST_MISSING", "Finding", "check", "fix"]
 
 LIBCST_MISSING = ("the porting tool needs libcst: pip install 'jax-sharding-ext[port]'")
 
 
-def _load_engine() -> ModuleType:
+def _load_engine() -> types.ModuleType:
   """The libcst-based implementation, or an ImportError naming the extra."""
   try:
     importlib.import_module("libcst")
@@ -54,7 +51,14 @@ def _load_engine() -> ModuleType:
 def check(source: str | bytes, path: str = "<source>") -> list[Finding]:
   """The findings of one module's source, sorted by position.
 
-  Raises `SyntaxError` when the source does not parse.
+  `path` is the name the findings give the source. Raises `SyntaxError` when
+  the source does not parse.
+
+  Example:
+    >>> source = "import jax\\nleaves = jax.tree_map(abs, [-1, 2])\\n"
+    >>> for finding in check(source, "train.py"):
+    ...   print(finding)
+    train.py:2:10: JSE301 `jax.tree_map` was removed from JAX; use `jax.tree_util.tree_map` (--write fixes this)
   """
   engine = _load_engine()
   if isinstance(source, bytes):
@@ -67,6 +71,17 @@ def fix(source: str | bytes) -> str | bytes:
 
   Everything else is kept as written; fixing the result again changes nothing.
   Raises `SyntaxError` when the source does not parse.
+
+  Example:
+    >>> source = ("from jax.experimental.global_device_array import GlobalDeviceArray\\n"
+    ...           "import jax\\n"
+    ...           "leaves = jax.tree_map(abs, [-1, 2])\\n")
+    >>> print(fix(source), end="")
+    from jax_sharding_ext import GlobalDeviceArray
+    import jax
+    leaves = jax.tree_util.tree_map(abs, [-1, 2])
+    >>> fix(fix(source)) == fix(source)
+    True
   """
   engine = _load_engine()
   if isinstance(source, bytes):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from jax_sharding_ext._public import public
 
+
+@public("jax_sharding_ext.port")
 @dataclasses.dataclass(frozen=True, order=True)
 class Finding:
   """`path:line:col: CODE message`; `line` and `col` count from 1.
@@ -14,6 +17,19 @@ class Finding:
   `--write` makes the change itself (the message then ends with
   "(--write fixes this)"); the others name the exact change to make.
   In a notebook, `path` is `file.ipynb:cell N` and `line` counts in that cell.
+
+  Attributes:
+    path: the file (or `file.ipynb:cell N`, or the name given to `check`).
+    line: the line of the finding, from 1.
+    col: its column, from 1.
+    code: `JSE` and three digits; the first digit is its kind (above).
+    message: what changed and what to write instead.
+    fixable: whether `--write` (and `fix`) makes the change itself.
+
+  Example:
+    >>> (finding,) = jse.port.check("import jax\\njax.tree_map(abs, [1])\\n", "a.py")
+    >>> finding.code, finding.line, finding.col, finding.fixable
+    ('JSE301', 2, 1, True)
   """
   path: str
   line: int
