@@ -18,7 +18,13 @@ host0:port`, and no virtual devices):
   every host) and each host's own count of examples;
 - the trained parameters are checkpointed with
   `serialization.GlobalAsyncCheckpointManager` (each host writes its own
-  shards, process 0 commits once all are done) and restored resharded.
+  shards, process 0 commits once all are done) and restored resharded;
+- then one more process, alone and with 2 devices, restores that checkpoint
+  (written by 2 processes over 8 devices) onto its own mesh: a checkpoint
+  restores under any process count.
+
+The checkpoint part needs the `checkpoint` extra
+(`pip install 'jax-sharding-ext[checkpoint]'`).
 
 The output is deterministic: the same numbers on every run.
 """
@@ -123,7 +129,34 @@ def train(process_id: int, num_processes: int, coordinator: str, log=sys.stdout,
     say(f"checkpoint {name}: saved by {num_processes} hosts, restored as "
         f"{type(restored).__name__} with mesh_axes {restored.mesh_axes}: "
         f"{'equal' if same else 'DIFFERENT'} to the trained weights")
+    if process_id == 0:
+      np.save(os.path.join(ckpt_dir, "trained_w.npy"), final_w)
   multihost_utils.sync_global_devices("multihost_train done")
+
+
+def restore_alone(ckpt_dir: str) -> None:
+  """Restore the checkpoint the training processes wrote, in this one process.
+
+  Each process of a restore reads the chunks its own devices need, whichever
+  process wrote them, so the number of processes and devices may differ from
+  the save's: here 1 process with 2 devices reads what 2 processes with 4
+  devices each wrote.
+  """
+  import jax
+  import numpy as np
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  from jax_sharding_ext import serialization
+
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  name = f"step_{STEPS}"
+  spec = serialization.get_tensorstore_spec(os.path.join(ckpt_dir, name, "w"))
+  w, = serialization.run_deserialization([mesh], [P("data")], [spec])
+  same = bool(np.array_equal(np.asarray(w), np.load(os.path.join(ckpt_dir, "trained_w.npy"))))
+  print(f"checkpoint {name}: restored in {jax.process_count()} process on "
+        f"{jax.device_count()} devices as {type(w).__name__} with mesh_axes {w.mesh_axes}: "
+        f"{'equal' if same else 'DIFFERENT'} to the trained weights", flush=True)
 
 
 def launch(timeout: float = 120) -> int:
@@ -153,10 +186,17 @@ def launch(timeout: float = 120) -> int:
     if os.path.exists(report):
       with open(report) as f:
         print(f.read(), end="")
-  failed = [i for i, p in enumerate(procs) if p.returncode != 0]
-  for i in failed:
-    print(f"--- process {i} failed (exit code {procs[i].returncode}):\n{outputs[i]}")
-  return 1 if failed else 0
+    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+    for i in failed:
+      print(f"--- process {i} failed (exit code {procs[i].returncode}):\n{outputs[i]}")
+    if failed:
+      return 1
+    alone = subprocess.run(
+        [sys.executable, __file__, "--restore", os.path.join(tmp, "checkpoints")],
+        env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    print(alone.stdout, end="")
+  return alone.returncode
 
 
 if __name__ == "__main__":
@@ -168,7 +208,12 @@ if __name__ == "__main__":
                       "(default: stdout)")
   parser.add_argument("--ckpt-dir", default=None, help="a directory every host can "
                       "write (shared storage on a real cluster); omitted: no checkpoint")
+  parser.add_argument("--restore", default=None, metavar="CKPT_DIR", help="restore the "
+                      "checkpoint in CKPT_DIR in this one process, and compare it")
   args = parser.parse_args()
+  if args.restore is not None:
+    restore_alone(args.restore)
+    sys.exit(0)
   if args.process_id is None:
     sys.exit(launch())
   if args.report and args.process_id == 0:

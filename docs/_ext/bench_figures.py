@@ -125,6 +125,16 @@ def figures(results: dict) -> dict[str, str]:
       "ckpt_restore": _span(r.ratios("checkpoint restore, 256 MiB",
                                      "serialization.run_deserialization (GDA)",
                                      "stock run_deserialization")),
+      # a restore after every file of the checkpoint changed: against stock,
+      # and against the same restore with its chunk records removed (unchecked)
+      "ckpt_restore_changed": _span(r.ratios(_CHANGED, "serialization.run_deserialization (GDA)",
+                                             "stock run_deserialization")),
+      "ckpt_check_cost": _span(
+          row["median"] / r.median(row["benchmark"], "serialization, chunk record removed (unchecked)")
+          for row in r.where(_CHANGED, "serialization.run_deserialization (GDA)")),
+      # stock's zstd format against the GDA-era gzip, saving the same random data
+      "ckpt_zstd_speedup": _x(r.ratio(_GZIP_SAVE, "stock, its own zstd metadata",
+                                      "stock run_serialization")),
       "ledger": _span((x["median"] for x in r.where(
           "ledger on a GDA implicit fetch", "added by the ledger (median of paired differences)")),
           _us),
@@ -144,11 +154,16 @@ def figures(results: dict) -> dict[str, str]:
                                                              "save").values()),
       "scaling_ckpt_restore": _span(p["ratio"] for p in r.curve(
           "checkpoint", _ckpt_variant(r, "restore"), "restore").values()),
+      "port_check": f"{r.median('porting assistant, 1 MB files', '1 MB GDA-era file, check'):.1f} s",
       "port_write": f"{r.median('porting assistant, 1 MB files', '1 MB GDA-era file, --write'):.1f} s",
       "port_plain": f"{r.median('porting assistant, 1 MB files', '1 MB file without jax, check'):.1f} s",
       "bench_minutes": f"{math.ceil(seconds / 60)} minutes",
       "bench_date": results["started"].split()[0],
   }
+
+
+_CHANGED = "checkpoint restore after the files changed, 256 MiB"
+_GZIP_SAVE = "checkpoint save, 256 MiB float32 over 8 devices, GDA-era metadata (gzip"
 
 
 def _ckpt_variant(r: Rows, case: str) -> str:
