@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax_sharding_ext._public import public
 
-
-@public("jax_sharding_ext.port")
 @dataclasses.dataclass(frozen=True, order=True)
 class Finding:
   """`path:line:col: CODE message`; `line` and `col` count from 1.
@@ -40,3 +37,7 @@ class Finding:
 
   def __str__(self) -> str:
     return f"{self.path}:{self.line}:{self.col}: {self.code} {self.message}"
+
+
+# Shown (and pickled) under the module users import it from.
+Finding.__module__ = "jax_sharding_ext.port"
