@@ -28,12 +28,8 @@ def run(n: int = 2000) -> list[dict]:
     def fresh_array(sharding=sharding):
       return jax.device_put(np.ones((8, 8), np.float32), sharding)
 
-    def fresh_gda():
-      # A GDA that is the only owner of its `jax.Array`, as one built by
-      # `from_callback` or returned by jit is. While anything else holds that
-      # array (or the GDA is passed twice), a call is checked for donation
-      # aliasing on JAX's Python path (README "Limits").
-      return GlobalDeviceArray.from_jax_array(fresh_array())
+    def fresh_gda(sharding=sharding):
+      return _sole_owner(sharding, (8, 8))
 
     arr, gda = fresh_array(), fresh_gda()
     for n_args in (1, 10):
@@ -54,6 +50,16 @@ def run(n: int = 2000) -> list[dict]:
       }, n=n)
       rows += _common.report(f"dispatch, {n_dev} device(s), output flag on", res, "jax.Array")
   return rows
+
+
+def _sole_owner(sharding, shape) -> GlobalDeviceArray:
+  """A GDA that is the only owner of its buffers, as one `from_callback`
+  builds from host data or a jit returns. A GDA made from a `jax.Array`
+  (`from_jax_array`) or one that handed its buffers out (`to_jax_array()`)
+  is shared for as long as it lives: jit's dispatch watches its buffers."""
+  data = np.ones(shape, np.float32)
+  return GlobalDeviceArray.from_callback(shape, sharding.mesh, sharding.spec,
+                                         lambda index: data[index])
 
 
 def _shared_buffers(n, n_dev, sharding, fresh_array, fresh_gda) -> list[dict]:
@@ -78,8 +84,7 @@ def _shared_buffers(n, n_dev, sharding, fresh_array, fresh_gda) -> list[dict]:
   step = jax.jit(lambda state, b: state + b.sum(), donate_argnums=0)
   batch_x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(sharding.mesh, P("x")))
   shared_batch = GlobalDeviceArray.from_jax_array(batch_x)
-  sole_batch = GlobalDeviceArray.from_jax_array(jax.device_put(batch_x, batch_x.sharding,
-                                                               may_alias=False))
+  sole_batch = _sole_owner(batch_x.sharding, batch_x.shape)
   states = {"sole owner": fresh_gda(), "batch made from a kept jax.Array": fresh_gda()}
 
   def stepper(name, batch):

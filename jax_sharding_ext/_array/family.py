@@ -26,8 +26,15 @@ from jax_sharding_ext._jax import buffers as jax_buffers
 
 
 def mark_shared(gda: Any) -> None:
-  """Record that arrays outside `gda` may hold its buffers (for good)."""
-  gda._shared = True
+  """Record that arrays outside `gda` may hold its buffers (for good).
+
+  From then on jit's dispatch watches each of its buffers for deletion by
+  those arrays, reading `gda._later` (the private array's later shards, read
+  on first use).
+  """
+  if not gda._shared:
+    gda._later = None
+    gda._shared = True
 
 
 def handed_out(gda: Any, arr: Any) -> Any:
@@ -37,5 +44,5 @@ def handed_out(gda: Any, arr: Any) -> Any:
   made from (for `from_jax_array`).
   """
   sibling = jax_buffers.sibling(arr)
-  gda._shared = True
+  mark_shared(gda)
   return sibling

@@ -102,13 +102,14 @@ class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface,
 
   # `_init` and `rebuild` (the hot path of every GDA output) set every slot.
   __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched", "_shared",
-               "_key", "__weakref__")
+               "_later", "_key", "__weakref__")
   _arr: Any  # the private `jax.Array` (its sharding a `NamedSharding`)
   _mesh: Mesh | None
   _mesh_axes: Any
   _local_shards: list[Shard] | None
   _host_fetched: bool
   _shared: bool
+  _later: tuple[Any, ...] | None  # set while `_shared` (`family.mark_shared`)
   _key: Any
   __array_priority__ = 100
 
@@ -234,14 +235,13 @@ class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface,
     return family.handed_out(self, self._checked_array(_USE))
 
   def _checked_array(self, action: str) -> jax.Array:
-    arr = self._arr
-    if arr.is_deleted() or (self._shared and jax_buffers.shard_deleted(arr)):
+    if jax_buffers.view_freed(self):
       raise RuntimeError(
           f"GlobalDeviceArray has been deleted. Cannot {action}: this "
           f"GlobalDeviceArray (shape={self.shape}, dtype={self.dtype}) has been "
           "deleted or donated. After `jax.jit(..., donate_argnums=...)` use the "
           "function's output instead of the donated input.")
-    return arr
+    return self._arr
 
   def _shard_array(self, action: str) -> jax.Array:
     """`_checked_array`, with its single-device arrays built: for uses that
@@ -327,8 +327,7 @@ class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface,
       >>> gda.is_deleted(), out.is_deleted()
       (True, False)
     """
-    arr = self._arr
-    return arr.is_deleted() or (self._shared and jax_buffers.shard_deleted(arr))
+    return jax_buffers.view_freed(self)
 
   def __copy__(self) -> GlobalDeviceArray:
     return type(self)._wrap(copy.copy(self._checked_array("copy it")), self.mesh_axes)

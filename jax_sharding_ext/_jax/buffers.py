@@ -69,20 +69,49 @@ def single_device_arrays(arr: Any) -> list[Any]:
     return list(arr._arrays)
 
 
-def shard_deleted(arr: Any) -> bool:
-  """Whether `arr` or one of its single-device arrays is deleted.
+def later_shards(arr: Any) -> tuple[Any, ...]:
+  """`arr`'s single-device arrays after the first, to watch with `later_deleted`.
 
   Another array over one of `arr`'s buffers, donated or deleted, frees that
-  buffer under `arr` too; jaxlib's `arr.is_deleted()` does not look at every
-  shard (jax 0.10.2 and 0.12.x), and a computation given such an array
-  crashes the process on several devices.
+  buffer under `arr` too, and jaxlib's `arr.is_deleted()` reads only the
+  first shard's buffer (jax 0.10.2 and 0.12.x); a computation given such an
+  array crashes the process on several devices. The arrays returned are
+  jaxlib's per-shard cache, which `arr` holds anyway, and each one's
+  `is_deleted()` reads its buffer's state at the time: a caller may keep the
+  tuple for as long as it keeps `arr`. Empty on one device (where
+  `arr.is_deleted()` sees everything) and for a deleted `arr`.
   """
-  if arr.is_deleted():
+  with _cache_lock:
+    arrays = arr._arrays  # None once `arr` is deleted
+  return () if arrays is None else tuple(arrays[1:])
+
+
+def watched_shards(view: Any) -> tuple[Any, ...]:
+  """`later_shards` of a shared view's private array (`view._arr`), read once
+  per view and kept in `view._later` (which marking the view shared resets)."""
+  later = view._later
+  if later is None:
+    later = view._later = later_shards(view._arr)
+  return later
+
+
+def view_freed(view: Any) -> bool:
+  """Whether a view's private array is deleted, or (for a shared view, whose
+  buffers arrays outside it hold) one of its buffers."""
+  if view._arr.is_deleted():
     return True
-  try:
-    return any(a.is_deleted() for a in single_device_arrays(arr))
-  except Exception:  # e.g. the cache cannot be built: the array is gone
-    return True
+  if not view._shared:
+    return False
+  later = watched_shards(view)
+  return bool(later) and later_deleted(later)
+
+
+def later_deleted(later: tuple[Any, ...]) -> bool:
+  """Whether one of `later_shards(arr)` is deleted (`arr.is_deleted()` aside)."""
+  for a in later:
+    if a.is_deleted():
+      return True
+  return False
 
 
 _HAS_CLONE = hasattr(ArrayImpl, "clone")

@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from jax_sharding_ext._edit import STATE
-from jax_sharding_ext._jax.buffers import shard_deleted
+from jax_sharding_ext._jax.buffers import later_deleted, view_freed, watched_shards
 from jax_sharding_ext._jax.tables import ArrayImpl, RegisterOnceEdit
 
 # --- the registry -------------------------------------------------------------
@@ -65,7 +65,7 @@ class DispatchNodeEdit(RegisterOnceEdit):
   """Let jit's C++ fast path unpack a view type to its private array.
 
   Instances of `typ` hold their `jax.Array` in the slot `_arr` and the
-  bookkeeping `view_flatten` reads (`_shared`, `_key`); `unflatten(node_data,
+  bookkeeping `view_flatten` reads (`_shared`, `_later`, `_key`); `unflatten(node_data,
   (array,))` rebuilds an output.
   """
 
@@ -179,7 +179,10 @@ def view_flatten(gda: Any) -> tuple[tuple[Any], Any]:
   if _getrefcount(arr) == SOLE_OWNER_REFCOUNT and STATE.installed and not arr.is_deleted():
     if not gda._shared:
       return (arr,), None
-    if not shard_deleted(arr):  # another array over one of its buffers may be gone
+    later = gda._later  # `view_freed`, inlined: this runs for every argument
+    if later is None:
+      later = watched_shards(gda)
+    if not (later and later_deleted(later)):  # another array over one may be gone
       return (arr,), _alias_key(gda)
   return (arr,), _slow_key(gda)
 
@@ -187,7 +190,7 @@ def view_flatten(gda: Any) -> tuple[tuple[Any], Any]:
 def _slow_key(gda: Any) -> Any:
   if not STATE.installed:
     return DISPATCH_OFF  # a key no warm entry has
-  if gda._arr.is_deleted() or (gda._shared and shard_deleted(gda._arr)):
+  if view_freed(gda):
     return object()  # never cached: the Python path raises
   return _alias_key(gda)  # the private array is referenced again
 
