@@ -81,6 +81,8 @@ def later_shards(arr: Any) -> tuple[Any, ...]:
   tuple for as long as it keeps `arr`. Empty on one device (where
   `arr.is_deleted()` sees everything) and for a deleted `arr`.
   """
+  if arr.sharding.num_devices == 1:
+    return ()  # without building the per-shard cache (several us)
   with _cache_lock:
     arrays = arr._arrays  # None once `arr` is deleted
   return () if arrays is None else tuple(arrays[1:])
