@@ -64,7 +64,8 @@ OURS_LOAD, STOCK_LOAD = "serialization.run_deserialization (GDA)", "stock run_de
 OURS = {OURS_SAVE, OURS_SAVE_Z, OURS_LOAD}
 OURS_UNCHECKED = "serialization, chunk record removed (unchecked)"
 GZIP, ZSTD = "GDA-era metadata (gzip, the default)", "stock metadata (zstd)"
-RECORD = "jax_sharding_ext.chunks.0"
+RECORD = "jax_sharding_ext.chunks.0"  # the chunk record process 0 writes
+OWN_MARK = ".jax_sharding_ext"  # the mark saying the package wrote the checkpoint
 
 
 def run(reps: int = 7, mib: int = 256, directory: str | None = None) -> list[dict]:
@@ -97,12 +98,14 @@ def run(reps: int = 7, mib: int = 256, directory: str | None = None) -> list[dic
     return p
 
   written = {GZIP: save_ours(), ZSTD: save_stock(gda_metadata=False)}
-  # The package's checkpoints (with chunk records), and copies without a record.
+  # The package's checkpoints (with chunk records), and copies without a
+  # record or the package's mark (read as another writer's: unchecked).
   checked = {GZIP: written[GZIP], ZSTD: save_ours(metadata="stock")}
   unchecked = {kind: path() for kind in checked}
   for kind in checked:
     shutil.copytree(checked[kind], unchecked[kind])
-    os.remove(os.path.join(unchecked[kind], RECORD))
+    for name in (RECORD, OWN_MARK):
+      os.remove(os.path.join(unchecked[kind], name))
   sharding = NamedSharding(mesh, spec)
 
   def load_ours(kind, where=written):
