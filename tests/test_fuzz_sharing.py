@@ -32,7 +32,14 @@ from typing import Any
 import pytest
 from _fuzz import budget, isolated
 from hypothesis import given
-from strategies import SharingProgram, sharing_programs
+from strategies import (
+  CALL_FORMS,
+  SHARING_ROUTES,
+  WARMTH,
+  MeshSpec,
+  SharingProgram,
+  sharing_programs,
+)
 
 pytestmark = pytest.mark.fuzz
 
@@ -339,4 +346,37 @@ def test_donation_is_refused_exactly_when_a_donated_buffer_is_shared(program):
   """Refused exactly when a donated buffer is reachable from another argument
   (a GDA one of the two) or already donated; otherwise the result of fresh
   copies."""
+  isolated("test_fuzz_sharing:run_sharing_program", program)
+
+
+# ---------------------------------------------------------------------------
+# The sweep: every route, every warmth, each call form in turn.
+# ---------------------------------------------------------------------------
+# Random programs reach a given route, warmth and pairing about once in a
+# hundred, so a short budget can miss a defect on one route. The sweep runs
+# the same model on the smallest program of each: a GDA and one value made
+# from it (or from its `to_jax_array()`, then passed on), called together
+# with the GDA donated, cold and warm, on 2 devices.
+
+_CHAINS = ([(route,) for route in sorted(SHARING_ROUTES)]
+           + [("to_jax_array", route) for route in sorted(SHARING_ROUTES)
+              if SHARING_ROUTES[route][1] == "array" and route != "to_jax_array"])
+
+
+def _sweep() -> list:
+  cases = []
+  for n, (chain, warm) in enumerate((c, w) for c in _CHAINS for w in WARMTH):
+    form = CALL_FORMS[n % len(CALL_FORMS)]
+    program = SharingProgram(
+        mesh=MeshSpec((2,), ("x",), (0, 1)), spec=("x",), shape=(4,), dtype="float32",
+        sources=("gda",), derived=tuple((route, i) for i, route in enumerate(chain)),
+        calls=((("leaf", 0), ("leaf", len(chain))),), donate=(True, False), form=form,
+        warm=warm)
+    cases.append(pytest.param(program, id=f"{'+'.join(chain)}-{warm}-{form}"))
+  return cases
+
+
+@pytest.mark.parametrize("program", _sweep())
+def test_each_route_and_warmth_donating_the_gda_next_to_what_it_made(program):
+  """The model of the fuzzer above, on each route's smallest program."""
   isolated("test_fuzz_sharing:run_sharing_program", program)
