@@ -249,6 +249,29 @@ def test_a_call_lowered_installed_and_run_uninstalled_raises_the_uninstalled_err
   assert "jax_sharding_ext is uninstalled" in str(box["err"])
 
 
+@pytest.mark.parametrize("inside", ["jit", "nested jit"])
+def test_a_sharded_callback_traced_installed_and_lowered_uninstalled_gets_the_uninstalled_error(
+    mesh_2d, fresh_registry, inside):
+  """A call racing `uninstall()` between its trace and its lowering: the
+  staged `sharded_callback` gets the error it gets when staged uninstalled,
+  not stock's refusal of its ordered effect on several devices (which names
+  an effect the user never used)."""
+  gda = GlobalDeviceArray.from_callback((8, 2), mesh_2d, P("x", "y"),
+                                        lambda i: np.ones((8, 2), np.float32)[i])
+
+  def body(v):
+    jax_sharding_ext.sharded_callback(lambda data, index, device: None, v,
+                                      sharding=gda.sharding)
+    return v + 1
+  f = body if inside == "jit" else (lambda v: jax.jit(body)(v) * 1)
+  traced = jax.jit(f).trace(gda)
+  jax_sharding_ext.uninstall()
+  with pytest.raises(RuntimeError, match=r"`sharded_callback` needs jax_sharding_ext installed"):
+    traced.lower()
+  jax_sharding_ext.install()
+  np.testing.assert_array_equal(np.asarray(traced.lower().compile()(gda)), 2.0)
+
+
 def test_abstractification_that_missed_the_table_gets_the_uninstalled_error(mesh_2d):
   """JAX reads `__jax_array__` only after its aval table did not know the
   type: the table was read while uninstalled, even if a racing `install()`

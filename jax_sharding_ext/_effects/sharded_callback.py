@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,12 @@ class ShardedCallback:
 
   fn: Callable[..., Any]
   sharding: Any  # NamedSharding | SingleDeviceSharding | None
+
+  # Staging or lowering it while the package is uninstalled raises this
+  # (`_jax/readers.py` for a call traced before `uninstall()`).
+  UNINSTALLED_ERROR: ClassVar[str] = (
+      "`sharded_callback` needs jax_sharding_ext installed, but it was "
+      "uninstalled. Call `jax_sharding_ext.install()` first.")
 
   def __call__(self, *args):
     # Only reached when the primitive is evaluated eagerly under a
@@ -211,9 +217,7 @@ def sharded_callback(fn: Callable[..., Any], x: Any, *, sharding: Any = None,
      (1, (slice(2, 4, None),), array([2., 3.], dtype=float32))]
   """
   if not STATE.installed:
-    raise RuntimeError(
-        "`sharded_callback` needs jax_sharding_ext installed, but it was "
-        "uninstalled. Call `jax_sharding_ext.install()` first.")
+    raise RuntimeError(ShardedCallback.UNINSTALLED_ERROR)
   x = _checked_callback_args(fn, x, sharding, ordered)
   if isinstance(x, jax.core.Tracer):
     effect = jax_effects.ordered_debug_effect if ordered else jax_effects.debug_effect

@@ -24,7 +24,8 @@ microseconds).
 The wrappers are put in place by the first `install()` and stay after
 `uninstall()`: a lowering that started while the package was uninstalled
 must be waited for by the next `install()`, so it must have taken the lock.
-Uninstalled, they only take and release the lock.
+Uninstalled, they take and release the lock, and the lowering refuses a
+computation the package staged for its own lowering rules (`_needing_install`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ import threading
 import time
 from typing import Any
 
+from jax._src import core as _core
 from jax._src.interpreters import pxla as _pxla
 
-from jax_sharding_ext._edit import Edit
+from jax_sharding_ext._edit import STATE, Edit
 
 HOLD_BACK = 0.05
 """Seconds a waiting exclusive taker holds new shared takers back."""
@@ -122,14 +124,37 @@ HAS_READERS = (callable(getattr(_pxla, "lower_sharding_computation", None))
                and _ExecuteReplicated is not None and "__call__" in vars(_ExecuteReplicated))
 
 
-def _shared(fn: Any) -> Any:
+def _lowering(fn: Any) -> Any:
+  """`lower_sharding_computation` under the shared lock; uninstalled, it
+  refuses a computation that only the installed package can lower."""
   def wrapper(*args, **kwargs):
     LOCK.acquire_shared()
     try:
+      if not STATE.installed:
+        staged = _needing_install(args[0] if args else kwargs.get("closed_jaxpr"))
+        if staged is not None:
+          raise RuntimeError(type(staged).UNINSTALLED_ERROR)
       return fn(*args, **kwargs)
     finally:
       LOCK.release_shared()
   return functools.update_wrapper(wrapper, fn)
+
+
+def _needing_install(jaxpr: Any) -> Any:
+  """The first parameter of an equation of `jaxpr` (or of a jaxpr inside it)
+  whose type has an `UNINSTALLED_ERROR`: a value the package staged that only
+  its installed lowering rules handle (`sharded_callback`'s callback). Traced
+  while installed and lowered after `uninstall()`, such a computation gets
+  that error, as staging it uninstalled does, not what stock's lowering makes
+  of it (e.g. refusing its ordered effect on several devices)."""
+  todo = [getattr(jaxpr, "jaxpr", jaxpr)]
+  while todo:
+    for eqn in todo.pop().eqns:
+      for value in eqn.params.values():
+        if getattr(type(value), "UNINSTALLED_ERROR", None):
+          return value
+      todo.extend(_core.jaxprs_in_params(eqn.params))
+  return None
 
 
 def _shared_if_effects(call: Any) -> Any:
@@ -158,7 +183,7 @@ class ReadersLockEdit(Edit):
   def _apply(self) -> None:
     if ReadersLockEdit._wrapped or not HAS_READERS:
       return
-    _pxla.lower_sharding_computation = _shared(_pxla.lower_sharding_computation)
+    _pxla.lower_sharding_computation = _lowering(_pxla.lower_sharding_computation)
     _ExecuteReplicated.__call__ = _shared_if_effects(_ExecuteReplicated.__call__)
     ReadersLockEdit._wrapped = True
 
