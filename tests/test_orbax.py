@@ -23,6 +23,13 @@ def _gda(mesh, spec, shape=(8, 8), offset=0.0):
   return GlobalDeviceArray.from_callback(shape, mesh, spec, lambda i: data[i]), data
 
 
+def _restore_as_gda(directory, **kwargs):
+  """Leaf `w` of the checkpoint in `directory`, asked for as a GDA with `kwargs`."""
+  args = {"w": ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, **kwargs)}
+  return ocp.PyTreeCheckpointer().restore(
+      directory, args=ocp.args.PyTreeRestore(restore_args=args))["w"]
+
+
 def _state(mesh):
   w, w_data = _gda(mesh, P("x", "y"))
   b = jax.device_put(np.arange(4, dtype=np.float32), NamedSharding(mesh, P("x")))
@@ -250,18 +257,14 @@ def test_restore_args_asking_for_a_gda_with_list_mesh_axes(mesh_2d, tmp_path):
   saved, data = _gda(mesh_2d, P("x", "y"))
   ocp.PyTreeCheckpointer().save(tmp_path / "c", {"w": saved})
 
-  def restore(**kwargs):
-    args = {"w": ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, **kwargs)}
-    return ocp.PyTreeCheckpointer().restore(
-        tmp_path / "c", args=ocp.args.PyTreeRestore(restore_args=args))["w"]
-  w = restore(mesh=mesh_2d, mesh_axes=["y", None])
+  w = _restore_as_gda(tmp_path / "c", mesh=mesh_2d, mesh_axes=["y", None])
   assert type(w) is GlobalDeviceArray and w.mesh_axes == ["y", None]
   np.testing.assert_array_equal(np.asarray(w), data)
-  w = restore(sharding=NamedSharding(mesh_2d, P("y")), mesh_axes=["y", None])
+  w = _restore_as_gda(tmp_path / "c", sharding=NamedSharding(mesh_2d, P("y")), mesh_axes=["y", None])
   assert w.mesh_axes == ["y", None]
   assert w.sharding == _gda(mesh_2d, ["y", None])[0].sharding
   with pytest.raises(ValueError, match="which those mesh axes do not describe"):
-    restore(sharding=NamedSharding(mesh_2d, P("x")), mesh_axes=["y"])
+    _restore_as_gda(tmp_path / "c", sharding=NamedSharding(mesh_2d, P("x")), mesh_axes=["y"])
 
 
 @pytest.mark.parametrize("kwargs,error,message", [
@@ -298,16 +301,12 @@ def test_a_gda_request_without_mesh_axes_means_what_it_names(mesh_2d, tmp_path):
   saved, data = _gda(mesh_2d, P("x", "y"))
   ocp.PyTreeCheckpointer().save(tmp_path / "c", {"w": saved})
 
-  def restore(**kwargs):
-    args = {"w": ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, **kwargs)}
-    return ocp.PyTreeCheckpointer().restore(
-        tmp_path / "c", args=ocp.args.PyTreeRestore(restore_args=args))["w"]
-  w = restore(mesh=mesh_2d)
+  w = _restore_as_gda(tmp_path / "c", mesh=mesh_2d)
   want = GlobalDeviceArray.from_callback((8, 8), mesh_2d, None, lambda i: data[i])
   assert type(w) is GlobalDeviceArray and w.mesh_axes == want.mesh_axes
   assert w.sharding == want.sharding and w.is_fully_replicated
   np.testing.assert_array_equal(np.asarray(w), data)
-  w = restore(sharding=NamedSharding(mesh_2d, P("y")))
+  w = _restore_as_gda(tmp_path / "c", sharding=NamedSharding(mesh_2d, P("y")))
   assert type(w) is GlobalDeviceArray and w.mesh_axes == P("y")
   assert w.sharding == NamedSharding(mesh_2d, P("y"))
   np.testing.assert_array_equal(np.asarray(w), data)
