@@ -101,16 +101,19 @@ class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface,
   """
 
   # `_init` and `rebuild` (the hot path of every GDA output) set every slot.
-  __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched", "_shared",
-               "_later", "_key", "__weakref__")
+  __slots__ = ("_arr", "_node", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched",
+               "_shared", "_later", "__weakref__")
   _arr: Any  # the private `jax.Array` (its sharding a `NamedSharding`)
   _mesh: Mesh | None
   _mesh_axes: Any
   _local_shards: list[Shard] | None
   _host_fetched: bool
-  _shared: bool
-  _later: tuple[Any, ...] | None  # set while `_shared` (`family.mark_shared`)
-  _key: Any
+  # How jit's dispatch keys it: None while it is its buffers' only owner, else
+  # `KEYED` for good (`_jax/dispatch.py`); `_shared` and `_later` are set
+  # when it is keyed (`mark_keyed`), and read only then.
+  _node: Any
+  _shared: bool  # arrays outside it may hold its buffers (`family.py`)
+  _later: tuple[Any, ...] | None  # its shards to watch (`buffers.watched_shards`)
   __array_priority__ = 100
 
   # A GDA is always committed to its devices (read by `jax.jit`).
@@ -135,10 +138,8 @@ class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface,
     # Set by the first fetch to the host (`_transfers/moves.py`); later
     # fetches read the host copy, as for a `jax.Array`, and are not transfers.
     self._host_fetched = False
-    # Whether arrays outside this GDA may hold its buffers (`family.py`), and the key of the
-    # last jit call that flattened this GDA on a slow key (`_jax/dispatch.py`).
-    self._shared = False
-    self._key = None
+    # Its buffers' only owner until marked otherwise (`family.py`).
+    self._node = None
 
   @classmethod
   def _wrap(cls, arr: jax.Array, mesh_axes: MeshAxes | None = None, *,
@@ -424,6 +425,5 @@ def rebuild(key: Any, children: Sequence[jax.Array]) -> GlobalDeviceArray:
   self._mesh_axes = FROM_SHARDING
   self._local_shards = None
   self._host_fetched = False
-  self._shared = False
-  self._key = None
+  self._node = None
   return self
