@@ -15,6 +15,7 @@ from jax_sharding_ext import global_device_array as global_device_array
 from jax_sharding_ext import multihost_utils as multihost_utils
 from jax_sharding_ext._array.gda import GlobalDeviceArray as GlobalDeviceArray
 from jax_sharding_ext._array.records import FROM_GDA as FROM_GDA
+from jax_sharding_ext._array.records import FromGdaType as FromGdaType
 from jax_sharding_ext._array.records import Shard as Shard
 from jax_sharding_ext._array.shard_math import get_shard_indices as get_shard_indices
 from jax_sharding_ext._array.shard_math import (
@@ -35,6 +36,8 @@ from jax_sharding_ext._install import install as install
 from jax_sharding_ext._install import is_installed as is_installed
 from jax_sharding_ext._install import uninstall as uninstall
 from jax_sharding_ext._pjit.api import pjit as pjit
+from jax_sharding_ext._public import functions_shown_at as _functions_shown_at
+from jax_sharding_ext._public import module_dir as _module_dir
 from jax_sharding_ext._transfers.ledger import TransferLedger as TransferLedger
 from jax_sharding_ext._transfers.ledger import TransferRecord as TransferRecord
 from jax_sharding_ext._transfers.ledger import transfer_ledger as transfer_ledger
@@ -50,6 +53,7 @@ from jax_sharding_ext.multihost_utils import process_allgather as process_allgat
 
 __all__ = [
   "FROM_GDA",
+  "FromGdaType",
   "GlobalDeviceArray",
   "Mesh",
   "PartitionSpec",
@@ -78,5 +82,12 @@ __all__ = [
   "transfer_ledger",
   "uninstall",
 ]
+
+# `help()`, reprs and pickle show the functions here, where users import them;
+# `dir()`, `help()` and tab completion list the public names, not the private
+# sub-packages (which stay importable attributes).
+_functions_shown_at(__name__)
+__dir__ = _module_dir(__name__)
+del _functions_shown_at, _module_dir
 
 install()

@@ -45,6 +45,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils as _stock
 
+from jax_sharding_ext import _public
 from jax_sharding_ext._array import gda as _gda
 from jax_sharding_ext._jax import tracebacks as _tracebacks
 from jax_sharding_ext._multihost import agree as _agree
@@ -79,6 +80,10 @@ __all__ = [
     "reached_preemption_sync_point",
     "sync_global_devices",
 ]
+
+# `dir()`, `help()` and tab completion list the public names (and the GDA-era
+# private ones old code reads), not the modules and helpers used here.
+__dir__ = _public.module_dir(__name__)
 
 
 def _is_gda(x: Any) -> bool:
