@@ -117,6 +117,9 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
 typehints_document_rtype = True
+# The members `GlobalDeviceArray` takes from its parts (`_public.assembled`)
+# are annotated in modules that import the class for type checkers only.
+autodoc_type_aliases = {"GlobalDeviceArray": "jax_sharding_ext.GlobalDeviceArray"}
 # Docstrings write code as `name` (Markdown style): show it as code.
 default_role = "literal"
 add_module_names = False  # each page names its module

@@ -88,7 +88,8 @@ def assembled(*parts: type) -> Callable[[_T], _T]:
   class's own bases) would look up, without the parts in the class's bases:
   the class's own definitions come first, then each part's in order. Each
   part is a plain class (no bases, no instance state of its own: empty
-  `__slots__`); its functions are renamed to the class's qualified name.
+  `__slots__`); its functions take the class's module and qualified name
+  (put this decorator above `public`).
   """
   for part in parts:
     if part.__bases__ != (object,) or part.__dict__.get("__slots__", None) != ():
@@ -98,21 +99,21 @@ def assembled(*parts: type) -> Callable[[_T], _T]:
     for part in parts:
       for name, member in part.__dict__.items():
         if name not in _NOT_MEMBERS and name not in cls.__dict__:
-          _rename(member, f"{cls.__qualname__}.{name}")
+          _rename(member, cls.__module__, f"{cls.__qualname__}.{name}")
           setattr(cls, name, member)
     return cls
   return assemble
 
 
-def _rename(member: Any, qualname: str) -> None:
-  """Give `member`'s functions `qualname` (as shown by reprs and `help`)."""
+def _rename(member: Any, module: str, qualname: str) -> None:
+  """Give `member`'s functions `module` and `qualname` (as reprs, `help` and
+  the API reference show them)."""
   if isinstance(member, (classmethod, staticmethod)):
     member = member.__func__
   if isinstance(member, property):
     for fn in (member.fget, member.fset, member.fdel):
-      _rename(fn, qualname)
+      _rename(fn, module, qualname)
   elif isinstance(member, types.FunctionType):
-    member.__qualname__ = qualname
-    wrapped = getattr(member, "__wrapped__", None)
-    if isinstance(wrapped, types.FunctionType):
-      wrapped.__qualname__ = qualname
+    for fn in (member, getattr(member, "__wrapped__", None)):
+      if isinstance(fn, types.FunctionType):
+        fn.__module__, fn.__qualname__ = module, qualname

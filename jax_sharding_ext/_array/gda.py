@@ -59,8 +59,8 @@ else:
   _Assembled = jax.Array
 
 
-@public("jax_sharding_ext")
 @assembled(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface)
+@public("jax_sharding_ext")
 class GlobalDeviceArray(_Assembled):
   """A logical array sharded across the devices (and processes) of a mesh.
 
