@@ -6,6 +6,13 @@ here initialises a JAX backend.
 
 Please don't use symbols from the private modules (`jax_sharding_ext._*`):
 they are not part of the public API.
+
+The examples in the docstrings (here and in the public modules) start from
+the setup each page of the API reference shows once: 8 devices (on one CPU,
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` before JAX starts),
+`import jax`, `import numpy as np`, `import jax_sharding_ext as jse`,
+`from jax_sharding_ext import *`, `PartitionSpec as P`, and the names of the
+example's own module.
 """
 
 from jax.sharding import Mesh as Mesh
