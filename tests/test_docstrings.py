@@ -119,7 +119,7 @@ def _body(lines: list[str], i: int, indent: str) -> list[str]:
   """The lines of the directive at `i`: indented deeper, or blank."""
   body = []
   for line in lines[i + 1:]:
-    if line.strip() and not (line.startswith(indent + " ") or line.startswith(indent + "\t")):
+    if line.strip() and not line.startswith((indent + " ", indent + "\t")):
       break
     body.append(line)
   return body
