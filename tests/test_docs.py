@@ -192,6 +192,58 @@ def test_no_page_states_a_measured_figure_by_hand():
   assert not found, f"figures written by hand (make them substitutions on speed.md): {found}"
 
 
+def _rows_of(table: "bench_figures.Table", rows: list[dict]) -> list[dict]:
+  key = "case" if table.curve else "benchmark"
+  return [r for r in rows if r.get("curve") == table.curve and r["variant"] in table.variants
+          and re.match(table.title, r[key]) and table.x in (None, r.get("x"))]
+
+
+def _row_value(figure: "bench_figures.Figure", row: dict, rows: list[dict]) -> float:
+  if figure.of == "median":
+    return row["median"]
+  base_variant = figure.base or row["base"]
+  (base,) = [r["median"] for r in rows
+             if r["benchmark"] == row["benchmark"] and r["variant"] == base_variant]
+  return row["median"] / base if figure.of == "ratio" else row["median"] - base
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+@pytest.mark.parametrize("name", sorted(bench_figures.FIGURES))
+def test_each_figure_spans_every_row_of_its_tables(name):
+  """A figure's text, read back, is the lowest and highest value of every
+  row of the tables it names (as each is shown), so it holds for each of
+  them: a summary never leaves out a row of its own table."""
+  results = bench_figures.load()
+  figure = bench_figures.FIGURES[name]
+  rows = [r for table in figure.tables for r in _rows_of(table, results["rows"])]
+  assert rows, f"{name}: no row in the results"
+  shown = [float(_NUMBER.findall(figure.fmt(_row_value(figure, r, results["rows"])))[0])
+           for r in rows]
+  text = bench_figures.figures(results)[name]
+  numbers = [float(n) for n in _NUMBER.findall(text.replace("–", " "))]
+  assert (numbers[0], numbers[-1]) == (min(shown), max(shown)), (text, shown)
+
+
+def test_a_figure_of_a_curve_covers_every_point_of_it():
+  """Figures that sum up a scaling curve (not one named point of it) cover,
+  together, every point of each variant they read: every case, every x."""
+  results = bench_figures.load()
+  read: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
+  for figure in bench_figures.FIGURES.values():
+    for table in figure.tables:
+      if table.curve and table.x is None:
+        for r in _rows_of(table, results["rows"]):
+          read[table.curve, r["variant"]].add(id(r))
+  assert read
+  for (curve, variant), covered in read.items():
+    points = {id(r) for r in results["rows"]
+              if r.get("curve") == curve and r["variant"] == variant}
+    missing = [(r["case"], r["x"]) for r in results["rows"] if id(r) in points - covered]
+    assert not missing, f"curve {curve!r}, {variant!r}: points no figure covers: {missing}"
+
+
 def test_every_figure_is_drawn_from_the_results_and_shown_once():
   figures = bench_figures.figures(bench_figures.load())
   used = collections.Counter(m for p in _pages() for m in _SUBSTITUTION.findall(_prose(p)))
