@@ -6,8 +6,10 @@
   needs 8 devices sets `XLA_FLAGS` in its first block, before JAX starts,
   with a comment saying why.
 - A comment after an expression that starts like a value (a bracket, quote,
-  number, `True`, `False`, `None`) is exactly that value's `repr`, optionally
-  followed by `: why`; any other comment is prose.
+  number, `True`, `False`, `None`, or a call such as `P('x',)`) is exactly
+  that value's `repr`, optionally followed by `: why`; any other comment is
+  prose.
+- Python shown but not run (`{code-block} python`) is captioned as a sketch.
 - No page states a measured figure by hand: each is a substitution drawn from
   the benchmark results (`docs/_ext/bench_figures.py`), shown once.
 - The porting page lists every code of the tool.
@@ -55,7 +57,7 @@ import ast, io, json, re, sys, tokenize
 
 with open(sys.argv[1]) as f:
   spec = json.load(f)
-VALUE = re.compile(r"""^([(\[{'"\d-]|True\b|False\b|None\b)""")
+VALUE = re.compile(r"""^([(\[{'"\d-]|True\b|False\b|None\b|[A-Za-z_][\w.]*\()""")
 
 
 def shown(comment):
@@ -156,6 +158,18 @@ def test_a_page_that_needs_devices_sets_them_first_and_says_why(page):
     assert comment.strip(), "the first line says why the page sets XLA_FLAGS, in a comment"
 
 
+_CODE_BLOCK = re.compile(r"^```\{code-block\} python\n((?::\w+:.*\n)*)", re.M)
+
+
+def test_python_no_test_runs_is_marked_as_a_sketch():
+  """A `python` block runs as pasted (the test above runs it); Python shown
+  otherwise (`{code-block} python`) says in its caption that it is a sketch."""
+  for page in _pages():
+    for options in _CODE_BLOCK.findall(page.read_text()):
+      assert re.search(r"^:caption: A sketch, not runnable", options, re.M), (
+          f"{page.relative_to(DOCS)}: a `code-block` of Python without a sketch caption")
+
+
 def test_the_runner_checks_value_comments(tmp_path):
   page = tmp_path / "page.md"
   page.write_text("```python\nx = (1, 2)\nx   # (1, 2): ok\nx[0]   # the first\n```\n\n"
@@ -163,6 +177,14 @@ def test_the_runner_checks_value_comments(tmp_path):
   res = _run([("page.md", line, code) for line, code in _blocks(page)], tmp_path / "work")
   assert res.returncode != 0
   assert "page.md:8: the comment shows 3, but the value is 2" in res.stderr, res.stderr
+  # A value written as a call is a value too: it must be exactly the repr.
+  page.write_text("```python\nfrom fractions import Fraction\n"
+                  "Fraction(1, 2)   # Fraction(1, 2): as written\n"
+                  "Fraction(2, 4)   # Fraction(2, 4)\n```\n")
+  res = _run([("page.md", line, code) for line, code in _blocks(page)], tmp_path / "work2")
+  assert res.returncode != 0
+  assert "page.md:4: the comment shows Fraction(2, 4), but the value is Fraction(1, 2)" in (
+      res.stderr), res.stderr
 
 
 # A measured figure in prose: a ratio, a time, a share or a throughput.
