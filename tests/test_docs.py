@@ -13,6 +13,9 @@
 - No page states a measured figure by hand: each is a substitution drawn from
   the benchmark results (`docs/_ext/bench_figures.py`), shown once.
 - The porting page lists every code of the tool.
+- JAX's names link to JAX's API documentation: the committed inventory
+  (`docs/_intersphinx/jax.inv`) names only what the installed JAX has, and
+  inline code naming one of them becomes a link (`docs/_ext/jax_links.py`).
 
 The site itself is built by `make docs` (part of `make test`), which fails on
 any Sphinx warning, a public name without an API entry, and a broken
@@ -33,6 +36,7 @@ import pytest
 DOCS = pathlib.Path(__file__).parent.parent / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 import bench_figures  # noqa: E402
+import jax_links  # noqa: E402
 import local_links  # noqa: E402
 
 # Only ```python fences run; other examples are ```{code-block} python.
@@ -307,3 +311,49 @@ def test_porting_page_lists_every_code_of_the_tool():
   page = (DOCS / "porting.md").read_text()
   listed = re.findall(r"^\| (JSE\d+) \|", page, re.M)
   assert listed == codes, "docs/porting.md's table of codes differs from `--codes`"
+
+
+# -- links into JAX's API documentation -------------------------------------------------
+
+
+def _jax_inventory() -> dict[str, tuple[str, str]]:
+  """`{name: (type, url)}` of the committed inventory of JAX's API docs."""
+  from sphinx.util.inventory import InventoryFile
+  data = (DOCS / "_intersphinx" / "jax.inv").read_bytes()
+  inventory = InventoryFile.loads(data, uri="https://docs.jax.dev/en/latest/")
+  inventory = getattr(inventory, "data", inventory)
+  return {name: (kind, item.uri) for kind, objects in inventory.items()
+          for name, item in objects.items()}
+
+
+def test_the_jax_inventory_names_what_the_installed_jax_has():
+  """Every name the site may link to JAX's documentation exists in the
+  installed JAX, as the type the inventory says, at an address on JAX's site
+  that follows its layout (a page per name, or a module page's anchor)."""
+  sys.path.insert(0, str(DOCS / "_intersphinx"))
+  import make_jax_inventory
+  inventory = _jax_inventory()
+  for name in ("jax.jit", "jax.Array", "jax.Array.sum", "jax.sharding.Mesh",
+               "jax.experimental.multihost_utils.process_allgather", "jax.numpy"):
+    assert name in inventory, name
+  for name, (kind, url) in inventory.items():
+    obj = make_jax_inventory.resolve(name)
+    assert obj is not None, name
+    assert kind == make_jax_inventory.role(name, obj), name
+    assert url.startswith("https://docs.jax.dev/en/latest/"), (name, url)
+    assert url.endswith((f"#{name}", f"#module-{name}")), (name, url)
+
+
+def test_inline_code_naming_a_jax_object_links_to_its_documentation():
+  from docutils import nodes
+  names = {"jax.jit": "https://docs.jax.dev/en/latest/_autosummary/jax.jit.html#jax.jit"}
+  para = nodes.paragraph("", "", nodes.literal("", "jax.jit"), nodes.Text(" and "),
+                         nodes.literal("", "jax.jit()"), nodes.literal("", "jax.tree_map"))
+  title = nodes.title("", "", nodes.literal("", "jax.jit"))
+  doc = nodes.section("", title, para)
+  assert jax_links.link_literals(doc, names) == 2
+  links = list(doc.findall(nodes.reference))
+  assert [(r["refuri"], r.astext()) for r in links] == [(names["jax.jit"], "jax.jit"),
+                                                        (names["jax.jit"], "jax.jit()")]
+  assert not list(title.findall(nodes.reference))  # a heading keeps its code as it is
+  assert jax_links.link_literals(doc, names) == 0  # a link is not linked again

@@ -266,3 +266,17 @@ def test_from_gda_shows_and_pickles_its_public_path():
   assert b"cjax_sharding_ext\nFROM_GDA\n" in text  # the global, not the class
   # A pickle written when it stored its private class and no arguments.
   assert pickle.loads(b"cjax_sharding_ext._array.records\nFromGda\n(tR.") is sentinel
+
+
+def test_the_release_names_its_documentation():
+  """The installed distribution links its documentation (the wheel's
+  metadata), and the site is built for that address and shows the release
+  on every page."""
+  import runpy
+  from importlib import metadata
+  urls = dict(u.split(", ", 1) for u in metadata.metadata("jax-sharding-ext").get_all("Project-URL"))
+  assert urls["Documentation"].startswith("https://")
+  conf = runpy.run_path(str(PKG.parent / "docs" / "conf.py"))  # what Sphinx executes
+  assert conf["html_baseurl"] == urls["Documentation"]
+  assert conf["release"] == jax_sharding_ext.__version__
+  assert jax_sharding_ext.__version__ in conf["html_title"]
