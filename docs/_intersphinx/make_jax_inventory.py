@@ -24,6 +24,7 @@ import pathlib
 import re
 import sys
 import types
+import warnings
 import zlib
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -75,7 +76,14 @@ def _qualified(module: str, name: str) -> str:
 
 
 def resolve(name: str):
-  """The installed JAX's object named `name`, or None."""
+  """The installed JAX's object named `name`, or None (a deprecated name,
+  which JAX still has, counts)."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    return _resolve(name)
+
+
+def _resolve(name: str):
   parts = name.split(".")
   for i in range(len(parts), 0, -1):
     try:
