@@ -65,7 +65,7 @@ def run(n: int = 2000, warmup: int = 100) -> list[dict]:
   res = _common.interleaved({
       "no-op move": noop,
       "guard check + no-op move": lambda: moves._fetch(gda, arr, noop),
-      "inactive ledger check": lambda: ledger_module.open_count != 0,
+      "inactive ledger check": lambda: not ledger_module.OPEN,
   }, n=20000, warmup=1000)
   rows += _common.report("guard check on a GDA implicit fetch, move excluded", res,
                          "no-op move")
