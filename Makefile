@@ -13,7 +13,7 @@ PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | hea
   "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p" || echo "$$p"; } && break; done)
 VENV312 ?= .venv312
 
-.PHONY: install demo test test-default test-jax012 wheel-check docs lint typecheck bench fuzz notebooks chromium clean
+.PHONY: install demo test test-default test-jax012 wheel-check docs lint typecheck bench bench-check fuzz notebooks chromium clean
 
 install: $(STAMP)
 
@@ -78,6 +78,12 @@ typecheck: install
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
+
+# The dispatch-bound benchmarks (dispatch, legacy pjit, training loop, guard and
+# ledger, dispatch by leaves) against the committed benchmarks/results.json:
+# fails when a ratio is more than 10% worse (a few minutes; on a quiet machine).
+bench-check: install
+	$(BIN)/python benchmarks/check.py
 
 # The fuzzers at length (minutes): JSE_FUZZ_SCALE times the examples they run
 # in make test, from a new seed, printed first (`make fuzz SEED=...` repeats a
