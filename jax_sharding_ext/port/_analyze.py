@@ -21,6 +21,7 @@ the names the module uses and binds nowhere (`_star_imports`).
 from __future__ import annotations
 
 import ast
+import functools
 from typing import cast
 
 from jax_sharding_ext.port import (
@@ -113,6 +114,8 @@ class _Uses:
   def _removed_use(self, node: ast.expr, symbol: str, base_len: int,
                    scope: _scope.Scope) -> bool:
     """Judges a JAX symbol no import rewrite reaches; True when renamed."""
+    if _current(symbol):
+      return False
     ctx = self.ctx
     if _mesh_env.environment(ctx, node, symbol, scope):
       return True
@@ -165,6 +168,15 @@ class _Uses:
       return False
     ctx.note(node, code, message, edits, spelled[1])
     return True
+
+
+@functools.cache
+def _current(symbol: str) -> bool:
+  """A JAX symbol of today's JAX that no rule renames or reports: its uses are
+  left as they are (asked once per symbol, not once per use)."""
+  return (symbol.split(".")[-2:] != ["thread_resources", "env"]
+          and _rules.rename_for(symbol) is None and _reports.report_for(symbol) is None
+          and _mesh_env.read(symbol) is None and _jaxnames.has(symbol))
 
 
 def _rename_message(code: str, shown: str, prefix: str, symbol: str, target: str) -> str:
@@ -242,8 +254,10 @@ def analyze(tree: ast.Module, ctx: Context) -> None:
         ctx.redirects[id(alias)] = plan.redirects[local]
   _values.judge_calls(ctx)
   uses = _Uses(ctx)
+  imported = walk.imported
   for node, parts, scope in walk.uses:
-    uses.judge(node, parts, scope)
+    if parts[0] in imported:  # a name no import binds reaches no JAX symbol
+      uses.judge(node, parts, scope)
   _values.judge_values(ctx)
   _order.judge(ctx)
   drops = _drops(ctx, uses)

@@ -39,6 +39,7 @@ class Context:
     self.plans: dict[int, Plan] = {}  # id(import statement) -> its plan
     self.redirects: dict[int, tuple[str, str]] = {}  # id(alias) -> (old, new)
     self.consumed: set[int] = set()  # ids of nodes a rule already judged
+    self._imports_package: dict[str, bool] = {}
 
   # -- symbols ---------------------------------------------------------------
 
@@ -68,6 +69,13 @@ class Context:
     return [self.effective(b, parts[1:])[0] for b in self.bindings(parts[0], scope)]
 
   def imports_package(self, module: str = _rules.PKG) -> bool:
+    """Whether the module imports `module` (or a module inside it) anywhere."""
+    found = self._imports_package.get(module)
+    if found is None:
+      found = self._imports_package[module] = self._find_package_import(module)
+    return found
+
+  def _find_package_import(self, module: str) -> bool:
     return any(b.qualified is not None and (b.qualified == module
                                             or b.qualified.startswith(module + "."))
                for s in self._import_bindings() for b in s)

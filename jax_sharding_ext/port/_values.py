@@ -54,6 +54,27 @@ def option(ctx: Context, node: ast.AST, name: str, how: str) -> None:
 
 
 def _call(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
+  root = call.func
+  while isinstance(root, ast.Attribute):
+    root = root.value
+  if isinstance(root, ast.Name) and root.id in ctx.walk.imported:  # else no JAX symbol
+    _imported_call(ctx, call, scope)
+  func = call.func
+  if (isinstance(func, ast.Attribute) and func.attr == "device" and not call.args
+      and not call.keywords and "device" not in ctx.walk.defined
+      and not _imported_base(ctx, func, scope)):
+    new = ctx.shown(func)
+    ctx.note(call, "JSE313", _reports.JSE313.format(shown=ctx.shown(call), new=new),
+             [Edit(ctx.text.end(func), ctx.text.end(call), "")])
+  if (len(call.args) == 1 and not call.keywords and _mesh_value(ctx, func, scope)):
+    mesh = ctx.shown(func)
+    ctx.note(call, "JSE206", _reports.JSE206.format(
+        shown=ctx.shown(call), arg=ctx.shown(call.args[0]), mesh=mesh))
+
+
+def _imported_call(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
+  """A call of something an import binds: a config option read or set,
+  `with_sharding_constraint(axis_resources=...)`, `maps.mesh(...)`."""
   positional = [a for a in call.args if not isinstance(a, ast.Starred)]
   first = positional[0] if positional else None
   name = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
@@ -69,17 +90,6 @@ def _call(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
                    [Edit(start, start + len("axis_resources"), "shardings")])
     if symbol == _MAPS_MESH:
       _maps_mesh(ctx, call, scope)
-  func = call.func
-  if (isinstance(func, ast.Attribute) and func.attr == "device" and not call.args
-      and not call.keywords and "device" not in ctx.walk.defined
-      and not _imported_base(ctx, func, scope)):
-    new = ctx.shown(func)
-    ctx.note(call, "JSE313", _reports.JSE313.format(shown=ctx.shown(call), new=new),
-             [Edit(ctx.text.end(func), ctx.text.end(call), "")])
-  if (len(call.args) == 1 and not call.keywords and _mesh_value(ctx, func, scope)):
-    mesh = ctx.shown(func)
-    ctx.note(call, "JSE206", _reports.JSE206.format(
-        shown=ctx.shown(call), arg=ctx.shown(call.args[0]), mesh=mesh))
 
 
 def _imported_base(ctx: Context, node: ast.expr, scope: _scope.Scope) -> bool:
