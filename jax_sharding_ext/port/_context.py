@@ -38,7 +38,8 @@ class Context:
     self.notes: list[Note] = []
     self.plans: dict[int, Plan] = {}  # id(import statement) -> its plan
     self.redirects: dict[int, tuple[str, str]] = {}  # id(alias) -> (old, new)
-    self.consumed: set[int] = set()  # ids of nodes a rule already judged
+    self.consumed: dict[int, Note | None] = {}  # id(node) a call rule judged -> its rewrite
+    self.waits: dict[int, list[Note]] = {}  # id(import statement) -> rewrites made with it
     self._imports_package: dict[str, bool] = {}
 
   # -- symbols ---------------------------------------------------------------

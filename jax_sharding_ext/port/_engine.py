@@ -123,17 +123,20 @@ def _import_edit(ctx: Context, node: ast.Import | ast.ImportFrom, plan) -> Edit:
 def edit_groups(ctx: Context) -> list[list[Edit]]:
   """The edits of every fixable finding, import statements first; the added
   imports go with each finding that needs them."""
-  groups = [[_import_edit(ctx, s.node, ctx.plans[id(s.node)])]
-            for s in ctx.walk.imports if id(s.node) in ctx.plans]
   needs: set[str] = set()
   for note in ctx.notes:
     if isinstance(note, Fixed):
       needs.update(note.needs)
   insertion = ctx.insertion(needs)
-  for note in ctx.notes:
-    if isinstance(note, Fixed):
-      extra = [insertion] if insertion is not None and note.needs else []
-      groups.append([*note.edits, *extra])
+
+  def edits(note: Fixed) -> list[Edit]:
+    return [*note.edits, *([insertion] if insertion is not None and note.needs else [])]
+
+  # An import that goes takes the rewrites of its uses with it: all or none.
+  groups = [[_import_edit(ctx, s.node, ctx.plans[id(s.node)]),
+             *(e for n in ctx.waits.get(id(s.node), []) if isinstance(n, Fixed) for e in edits(n))]
+            for s in ctx.walk.imports if id(s.node) in ctx.plans]
+  groups += [edits(note) for note in ctx.notes if isinstance(note, Fixed)]
   return groups
 
 

@@ -193,6 +193,8 @@ CODES = {
     "JSE108": "`from <GDA-era module> import *`: import the names it no longer provides",
     "JSE109": "a name JAX removed that this package provides "
               "(`parallel_functions_output_gda`, ...): import it from this package",
+    "JSE110": "an import that --write's rewrites leave unused (`from jax.experimental import "
+              "pjit` once `pjit.pjit` is this package's): removed",
     "JSE201": "reads `jax_array` / `jax_parallel_functions_output_gda`: import this package",
     "JSE202": "sets an option this package defines: import this package first",
     "JSE203": "stock `multihost_utils` reached through a module: this package's",

@@ -87,6 +87,7 @@ class Walk:
   attrs: list[tuple[ast.Attribute, Scope]] = dataclasses.field(default_factory=list)
   with_stmts: dict[int, ast.With | ast.AsyncWith] = dataclasses.field(default_factory=dict)
   annotated: set[int] = dataclasses.field(default_factory=set)  # ids inside annotations
+  annotation_strings: list[str] = dataclasses.field(default_factory=list)  # `x: 'jnp.ndarray'`
   scopes: dict[int, Scope] = dataclasses.field(default_factory=dict)  # id(def) -> its scope
   defined: set[str] = dataclasses.field(default_factory=set)  # def names, stored attributes
   functions: set[str] = dataclasses.field(default_factory=set)  # names of `def`s
@@ -287,7 +288,10 @@ class _Walker:
   def _annotations(self, nodes) -> None:
     for annotation in nodes:
       if annotation is not None:
-        self.walk.annotated.update(id(n) for n in ast.walk(annotation))
+        for n in ast.walk(annotation):
+          self.walk.annotated.add(id(n))
+          if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            self.walk.annotation_strings.append(n.value)
 
   def visit_AnnAssign(self, node: ast.AnnAssign, scope: Scope, guarded: bool) -> None:
     self._annotations([node.annotation])

@@ -99,7 +99,7 @@ def _imported_base(ctx: Context, node: ast.expr, scope: _scope.Scope) -> bool:
 
 def _maps_mesh(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
   """`maps.mesh(devices, names)`: `jax.set_mesh(jax.sharding.Mesh(devices, names))`."""
-  ctx.consumed.add(id(call.func))
+  ctx.consumed[id(call.func)] = None
   set_mesh, mesh = ctx.spell("jax.set_mesh", scope), ctx.spell("jax.sharding.Mesh", scope)
   args = ", ".join(ctx.shown(a) for a in [*call.args, *call.keywords])
   new = f"jax.set_mesh(jax.sharding.Mesh({args}))"
@@ -111,6 +111,7 @@ def _maps_mesh(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
   ctx.note(call, "JSE308", message, [
       Edit(ctx.text.start(call.func), ctx.text.end(call.func), f"{set_mesh[0]}({mesh[0]}"),
       Edit(end, end, ")")], set_mesh[1] + mesh[1])
+  ctx.consumed[id(call.func)] = ctx.notes[-1]
 
 
 def _mesh_value(ctx: Context, func: ast.expr, scope: _scope.Scope) -> bool:
