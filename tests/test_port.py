@@ -838,6 +838,53 @@ def test_a_with_over_another_library_value_named_mesh_is_not_reported():
   assert port.check(source) == [] and port.fix(source) == source
 
 
+@pytest.mark.parametrize("body, reported", [
+    # A function the files of the run do not define, named like a mesh maker:
+    # what it returns may be a `Mesh`, whatever the `with` names.
+    ("from myproject.config import get_mesh\nmesh = get_mesh()\nwith mesh:\n  pass\n", True),
+    ("from myproject.config import get_mesh\nm = get_mesh()\nwith m:\n  pass\n", True),
+    ("from myproject import config\nwith config.get_mesh(8):\n  pass\n", True),
+    ("from .meshes import create_mesh\nwith create_mesh() as m:\n  pass\n", True),
+    ("import myproject\nm = None\nif flag:\n  m = myproject.makeMesh()\nwith m:\n  pass\n",
+     True),
+    ("from myproject import Mesh\nwith Mesh(devices(), ('x',)):\n  pass\n", True),
+    ("def f(make_mesh):\n  with make_mesh():\n    pass\n", True),
+    # Another library's value named like a mesh.
+    ("import somelib\nmesh = somelib.build(8)\nwith mesh:\n  pass\n", True),
+    # Values that are surely no `Mesh`, or named like nothing of the sort.
+    ("import threading\nmesh = threading.Lock()\nwith mesh:\n  pass\n", False),
+    ("import contextlib\nwith contextlib.nullcontext():\n  pass\n", False),
+    ("from myproject.config import get_config\nc = get_config()\nwith c:\n  pass\n", False),
+    ("with open(__file__) as f:\n  pass\n", False),
+    ("class Mesh:\n  pass\nwith Mesh():\n  pass\n", False),
+    ("import somelib\nwith somelib.session():\n  pass\n", False),
+])
+def test_every_with_over_an_unknown_value_that_may_be_a_mesh_is_reported(body, reported):
+  """Nothing in the files of the run says what `get_mesh()` of another
+  project returns: `with` over it is reported (it may be a `Mesh`, and `with
+  mesh:` is deprecated), never rewritten."""
+  source = "import jax\nimport numpy as np\n" + body
+  found = [f for f in port.check(source) if f.code == "JSE204"]
+  assert bool(found) == reported, found
+  assert not any(f.fixable for f in found), found
+  assert all("nothing in the files of this run says what" in f.message for f in found)
+  assert port.fix(source) == source
+
+
+def test_a_mesh_from_outside_the_files_of_the_run_is_reported_from_the_command_line(cli, tmp_path):
+  """The project's own `get_mesh`, in a file not given and not found: reported,
+  naming where the value comes from; the file is left as written."""
+  (tmp_path / "train.py").write_text(
+      "import jax\nfrom myproject.partitioning import get_mesh\n"
+      "def main(config):\n  mesh = get_mesh(config)\n  with mesh:\n    pass\n")
+  status, found, out, _ = cli(tmp_path / "train.py")
+  assert (status, found) == (1, [("JSE204", 5)]), out
+  assert "comes from `get_mesh(...)`" in out and "--write fixes this" not in out
+  before = (tmp_path / "train.py").read_text()
+  assert cli("--write", tmp_path / "train.py")[0] == 1
+  assert (tmp_path / "train.py").read_text() == before
+
+
 def test_functions_of_other_files_of_the_project_are_followed(cli, tmp_path):
   """`mesh = get_mesh(config)` where `get_mesh` is the project's own function in
   another file (imported absolutely, relatively or as a module attribute)."""

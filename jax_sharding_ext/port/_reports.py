@@ -133,6 +133,11 @@ JSE204_MAYBE = (
     "`with {shown}:` enters the legacy mesh context (deprecated) where the value is a `Mesh`; "
     "not every value that can reach it is surely one (`jax.set_mesh` refuses anything else), "
     "so --write leaves it: where it is a `Mesh`, write `with {new}:`")
+JSE204_UNKNOWN = (
+    "`with {shown}:`: nothing in the files of this run says what `{value}` is{made}; where it "
+    "is a `Mesh`, this enters the legacy mesh context, deprecated on today's JAX (and unseen "
+    "by `jax.sharding.get_abstract_mesh()` and today's flax): write `with {new}:` there "
+    "(--write leaves it, as `jax.set_mesh` refuses anything but a `Mesh`)")
 JSE205 = ("`{shown}`: `_device_buffers` is a `GlobalDeviceArray`'s (its local single-device "
           "arrays, in local-device order), not a `jax.Array`'s; for either kind, "
           "`[s.data for s in {value}.addressable_shards]`")

@@ -123,7 +123,9 @@ def _mesh_value(ctx: Context, func: ast.expr, scope: _scope.Scope) -> bool:
   parts = _scope.chain(func)
   if parts is None or any(b.stmt is not None for b in scope.lookup(parts[0])):
     return False
-  return _kinds.kinds_of(ctx).of(func, scope) in ({_kinds.MESH}, {_kinds.UNKNOWN})
+  kinds = _kinds.kinds_of(ctx).of(func, scope)
+  return kinds in ({_kinds.MESH}, {_kinds.UNKNOWN}) or (
+      bool(kinds) and all(isinstance(k, _kinds.Outside) for k in kinds))
 
 
 def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
@@ -133,9 +135,18 @@ def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
   expr = item.context_expr
   kinds = _kinds.kinds_of(ctx).of(expr, scope)
   if kinds != {_kinds.MESH}:
-    if _kinds.MESH in kinds or (kinds == {_kinds.UNKNOWN} and _named_mesh(expr)):
-      ctx.note(expr, "JSE204", _reports.JSE204_MAYBE.format(
-          shown=_with_text(ctx, item), new=f"jax.set_mesh({ctx.shown(expr)})"))
+    new = f"jax.set_mesh({ctx.shown(expr)})"
+    if _kinds.MESH in kinds:
+      ctx.note(expr, "JSE204", _reports.JSE204_MAYBE.format(shown=_with_text(ctx, item),
+                                                             new=new))
+      return
+    outside = sorted(k.name for k in kinds if isinstance(k, _kinds.Outside))
+    if any(k in _kinds.UNKNOWNS or isinstance(k, _kinds.Outside) for k in kinds) and (
+        outside or _named_mesh(expr)):
+      made = (f" (its value comes from `{outside[0]}(...)`, which they do not say either)"
+              if outside else "")
+      ctx.note(expr, "JSE204", _reports.JSE204_UNKNOWN.format(
+          shown=_with_text(ctx, item), value=ctx.shown(expr), made=made, new=new))
     return
   shown = ctx.shown(expr)
   spelled = ctx.spell("jax.set_mesh", scope)
