@@ -130,23 +130,12 @@ def _mesh_value(ctx: Context, func: ast.expr, scope: _scope.Scope) -> bool:
 
 def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
   """`with m:` becomes `with jax.set_mesh(m):` when every value that can reach
-  `m` is a `Mesh`; where only some may be (or nothing is known of a value named
-  like a mesh), it is reported."""
+  `m` is a `Mesh`; where only some may be, or nothing is known of it, it may be
+  reported (`_may_be_a_mesh`)."""
   expr = item.context_expr
   kinds = _kinds.kinds_of(ctx).of(expr, scope)
   if kinds != {_kinds.MESH}:
-    new = f"jax.set_mesh({ctx.shown(expr)})"
-    if _kinds.MESH in kinds:
-      ctx.note(expr, "JSE204", _reports.JSE204_MAYBE.format(shown=_with_text(ctx, item),
-                                                             new=new))
-      return
-    outside = sorted(k.name for k in kinds if isinstance(k, _kinds.Outside))
-    if any(k in _kinds.UNKNOWNS or isinstance(k, _kinds.Outside) for k in kinds) and (
-        outside or _named_mesh(expr)):
-      made = (f" (its value comes from `{outside[0]}(...)`, which they do not say either)"
-              if outside else "")
-      ctx.note(expr, "JSE204", _reports.JSE204_UNKNOWN.format(
-          shown=_with_text(ctx, item), value=ctx.shown(expr), made=made, new=new))
+    _may_be_a_mesh(ctx, item, kinds)
     return
   shown = ctx.shown(expr)
   spelled = ctx.spell("jax.set_mesh", scope)
@@ -170,6 +159,23 @@ def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
              Edit(end, ctx.text.end(target), ")")]
   ctx.note(expr, "JSE204", _reports.JSE204.format(
       shown=whole, new=new), edits, spelled[1])
+
+
+def _may_be_a_mesh(ctx: Context, item: ast.withitem, kinds: frozenset) -> None:
+  """Reports a `with` over a value that is a `Mesh` on some paths only, or of which
+  nothing is known while its name (or that of the function that made it) says mesh."""
+  expr = item.context_expr
+  new = f"jax.set_mesh({ctx.shown(expr)})"
+  if _kinds.MESH in kinds:
+    ctx.note(expr, "JSE204", _reports.JSE204_MAYBE.format(shown=_with_text(ctx, item), new=new))
+    return
+  outside = sorted(k.name for k in kinds if isinstance(k, _kinds.Outside))
+  if any(k in _kinds.UNKNOWNS or isinstance(k, _kinds.Outside) for k in kinds) and (
+      outside or _named_mesh(expr)):
+    made = (f" (its value comes from `{outside[0]}(...)`, which they do not say either)"
+            if outside else "")
+    ctx.note(expr, "JSE204", _reports.JSE204_UNKNOWN.format(
+        shown=_with_text(ctx, item), value=ctx.shown(expr), made=made, new=new))
 
 
 def _with_text(ctx: Context, item: ast.withitem) -> str:
