@@ -937,6 +937,32 @@ def test_orbax_support_is_added_only_where_the_file_uses_todays_orbax(cli, tmp_p
   assert "import jax_sharding_ext.orbax_support\n" in user.read_text()
 
 
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_a_folder_named_orbax_is_not_taken_for_a_copy_of_orbax(cli, tmp_path, checkpoints):
+  """A project's `orbax/` folder holding a user's notebook and script (and,
+  maybe, saved checkpoints under `checkpoint/`) is no copy of orbax: its code
+  imports today's orbax and gets the support module, as a copy of the same
+  notebook in another folder does."""
+  folder = tmp_path / "orbax"
+  folder.mkdir()
+  if checkpoints:
+    (folder / "checkpoint" / "0").mkdir(parents=True)
+    (folder / "checkpoint" / "0" / "state.json").write_text("{}")
+  code = ("import jax\nimport orbax.checkpoint as ocp\n"
+          "from jax.experimental.global_device_array import GlobalDeviceArray\n"
+          "args = ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, mesh=m, mesh_axes=a)\n")
+  (folder / "restore.ipynb").write_text(notebook([code]))
+  (folder / "restore.py").write_text(code)
+  elsewhere = tmp_path / "notebooks"
+  elsewhere.mkdir()
+  (elsewhere / "restore.ipynb").write_text(notebook([code]))
+  _, found, out, _ = cli(tmp_path)
+  assert out.count("JSE207") == 3, out
+  cli("--write", tmp_path)
+  for path in (folder / "restore.ipynb", folder / "restore.py", elsewhere / "restore.ipynb"):
+    assert "import jax_sharding_ext.orbax_support" in path.read_text(), path
+
+
 @pytest.mark.parametrize("before, after", [
     ("import jax\nx = jax.tree_map(f,\n                 a,\n                 b)\n",
      "import jax\nx = jax.tree_util.tree_map(f,\n                           a,\n"

@@ -14,12 +14,15 @@
   the module defines such a member itself); `x._device_buffers` and a `Mesh`
   used as a decorator are reported; the other attributes of removed and GDA
   arrays are `_arrays`'.
-- GDA-era code using today's orbax gets `import jax_sharding_ext.orbax_support`.
+- GDA-era code using today's orbax gets `import jax_sharding_ext.orbax_support`
+  (not code that imports a copy of orbax the project holds: a folder with
+  orbax's own `checkpoint` package, whatever its name says).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import cast
 
@@ -216,12 +219,29 @@ def _orbax(ctx: Context) -> None:
   orbax = [s for s in ctx.walk.imports if _imports_orbax(s.node)]
   if not orbax or ctx.imports_package(module) or _internal(ctx):
     return
-  if ctx.project is not None and ctx.project.resolve(ctx.path, "orbax") is not None:
+  found = ctx.project.resolve(ctx.path, "orbax") if ctx.project is not None else None
+  if found is not None and _orbax_copy(found):
     return
   gda = any(sym in _GDA_CLASSES for n, _p, s in ctx.walk.uses for sym in ctx.symbols(n, s))
   mesh_axes = any(kw.arg == "mesh_axes" for call, _s in ctx.walk.calls for kw in call.keywords)
   if gda or mesh_axes:
     ctx.note(orbax[0].node, "JSE207", _reports.JSE207.format(module=module), [], (module,))
+
+
+def _orbax_copy(found: str) -> bool:
+  """Whether what `import orbax` finds in the project is a copy of orbax: a
+  folder that holds orbax's own `checkpoint` package (Python files in
+  `checkpoint/`, or `checkpoint.py`). A folder is not judged by its name: one
+  named `orbax` that holds a user's notebooks, or saved checkpoints under
+  `checkpoint/`, is not orbax."""
+  directory = os.path.dirname(found) if os.path.basename(found) == "__init__.py" else found
+  sub = os.path.join(directory, "checkpoint")
+  if os.path.isfile(sub + ".py"):
+    return True
+  try:
+    return os.path.isdir(sub) and any(n.endswith(".py") for n in os.listdir(sub))
+  except OSError:
+    return False
 
 
 def _internal(ctx: Context) -> bool:
