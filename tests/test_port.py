@@ -987,6 +987,65 @@ def test_continuation_lines_stay_aligned_with_a_moved_bracket(before, after):
   assert port.fix(after) == after
 
 
+NOTE = re.compile(r"^(?P<place>.+?): note: --write (?:would make|made) this line (?P<now>\d+) "
+                  r"characters long(?:, from (?P<was>\d+))?, past the file's (?P<limit>\d+) "
+                  r"\((?P<source>[^)]*)\); wrap it$", re.M)
+LONG = ("import jax\nimport jax.experimental.multihost_utils\n"
+        "y = jax.experimental.multihost_utils.process_allgather(x)\n"  # shorter
+        "zs = jax.tree_map(lambda leaf: leaf * 2, {'weights': w, 'bias': b})\n"  # 67 -> 77
+        "ys = jax.tree_map(lambda leaf: leaf * 2, {'weights': w, 'bias': b, 'c': c})\n"  # 75 -> 85
+        "# https://example.com/a/comment/with/a/long/address/that/no/linter/counts/at/all/xx\n")
+
+
+@pytest.mark.parametrize("config, limit", [
+    ({"pyproject.toml": "[tool.pyink]\nline-length = 80\n"}, 80),
+    ({"pyproject.toml": "[tool.ruff]\nline-length = 78\n"}, 78),
+    ({"setup.cfg": "[flake8]\nmax-line-length = 80\n"}, 80),
+    ({".pylintrc": "[FORMAT]\nmax-line-length=80\n"}, 80),
+    ({}, 75),  # the file's own: its longest line (the address in a comment does not count)
+])
+def test_lines_the_rewrite_makes_too_long_are_named(cli, tmp_path, config, limit):
+  """The lines `--write` (and `--diff`) makes longer than the file's line
+  length (configured, else its longest line) are named on stderr, at their
+  place in the rewritten file; the exit status does not change."""
+  project = tmp_path / "project"
+  (project / "src").mkdir(parents=True)
+  (project / ".git").mkdir()
+  for name, text in config.items():
+    (project / name).write_text(text)
+  path = project / "src" / "train.py"
+  path.write_text(LONG)
+  status, _, _, err = cli("--diff", path)
+  assert status == 1 and path.read_text() == LONG
+  would = [m.groupdict() for m in NOTE.finditer(err)]
+  status, found, _, err = cli("--write", path)
+  assert (status, found) == (0, []), err
+  notes = [m.groupdict() for m in NOTE.finditer(err)]
+  lines = path.read_text().splitlines()
+  expected = [i + 1 for i, line in enumerate(lines) if len(line) > limit and "tree_util" in line]
+  assert [int(n["place"].rpartition(":")[2]) for n in notes] == expected and expected, err
+  assert all(int(n["limit"]) == limit and int(n["now"]) == len(lines[int(n["place"].rpartition(
+      ":")[2]) - 1]) and int(n["was"]) == int(n["now"]) - 10 for n in notes), notes
+  assert would == notes
+  assert f"{len(notes)} line" in err and "made longer than the file's line length" in err
+  assert (config and str(project) in notes[0]["source"]) or notes[0]["source"] == (
+      "the longest line it had")
+  assert "note:" not in cli("--write", path)[3]  # nothing grows the second time
+
+
+def test_lines_made_longer_in_a_notebook_name_their_cell(cli, tmp_path):
+  (tmp_path / ".git").mkdir()
+  (tmp_path / "pyproject.toml").write_text("[tool.black]\nline-length = 70\n")
+  path = tmp_path / "n.ipynb"
+  timed = "%time y = jax.tree_map(lambda leaf: leaf * 2, {'weights': weights})"
+  second = "w = jax.tree_map(lambda leaf: leaf * 2, {'weights': weights})"
+  path.write_text(notebook(["import jax\n", timed, f"z = 1\n{second}", "v = jax.tree_map(f, x)"]))
+  _, _, _, err = cli("--write", path)
+  places = [(m["place"], int(m["now"])) for m in NOTE.finditer(err)]
+  assert places == [(f"{path}:cell 2:1", len(timed) + 10),
+                    (f"{path}:cell 3:2", len(second) + 10)], err
+
+
 def test_a_notebook_keeps_every_byte_outside_the_sources_it_changes(cli, tmp_path):
   """Unchanged cells (escapes, empty sources, outputs, the file's own layout)
   come back byte for byte; a changed cell's source is written as the file
@@ -1176,10 +1235,10 @@ def test_a_defect_of_the_tool_on_one_file_leaves_it_and_the_run_goes_on(cli, tmp
   (tmp_path / "b.py").write_text(MAPS + "x = 1\n")
   real = _engine.fix_text
 
-  def broken(text, path="<source>", project=None):
+  def broken(text, path="<source>", project=None, growth=None):
     if path.endswith("a.py"):
       raise KeyError("a defect")
-    return real(text, path, project)
+    return real(text, path, project, growth)
   monkeypatch.setattr(_engine, "fix_text", broken)
   status, _, _, err = cli("--write", tmp_path)
   assert status == 2 and "a.py: internal error (KeyError: 'a defect')" in err, err

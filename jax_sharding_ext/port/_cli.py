@@ -23,8 +23,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
-from jax_sharding_ext.port import LIBCST_MISSING, _files
+from jax_sharding_ext.port import LIBCST_MISSING, _files, _length
 from jax_sharding_ext.port._finding import Finding
+from jax_sharding_ext.port._source import Text
 
 PROG = "jax-sharding-ext-port"
 
@@ -77,6 +78,7 @@ class _Run:
   fixable: int = 0
   fixed: int = 0
   changed: int = 0
+  grown_lines: int = 0  # lines the rewrite made longer than their file's line length
 
   def error(self, message: str) -> None:
     self.errors += 1
@@ -88,15 +90,32 @@ class _Run:
         self.shown_findings += 1
         print(f, file=stream or self.out)
 
+  def grown(self, shown: str, growth: Any, fixed: str, limit: Callable[[], Any],
+            where: Callable[[int], str] | None = None) -> None:
+    """Notes (on stderr) the lines the rewrite made longer than the file's line length."""
+    if not growth.origin:
+      return
+    found = limit()
+    if found is None:
+      return
+    verb = "would make" if self.args.diff else "made"
+    for line, now, was in growth.grown(Text(fixed), found.length):
+      self.grown_lines += 1
+      place = where(line) if where is not None else f"{shown}:{line}"
+      grew = f", from {was}" if was is not None else ""
+      print(f"{place}: note: --write {verb} this line {now} characters long{grew}, past the "
+            f"file's {found.length} ({found.source}); wrap it", file=self.err)
+
   def diff(self, shown: str, before: str, after: str) -> None:
     self.out.writelines(difflib.unified_diff(
         before.splitlines(keepends=True), after.splitlines(keepends=True),
         f"a/{shown}", f"b/{shown}"))
 
 
-def _fix(run: _Run, text: str, shown: str) -> tuple[str, list[Finding], list[Finding]]:
+def _fix(run: _Run, text: str, shown: str, growth: Any
+         ) -> tuple[str, list[Finding], list[Finding]]:
   """(fixed text, findings before, findings left), or raises SyntaxError / RuntimeError."""
-  return run.engine.fix_text(text, shown, run.project)  # type: ignore[attr-defined]
+  return run.engine.fix_text(text, shown, run.project, growth)  # type: ignore[attr-defined]
 
 
 def _python(run: _Run, shown: str, path: str, raw: bytes) -> None:
@@ -111,7 +130,9 @@ def _python(run: _Run, shown: str, path: str, raw: bytes) -> None:
     run.fixable += sum(f.fixable and not run.ignore(f) for f in findings)
     run.report(findings)
     return
-  fixed, before, left = _fix(run, text, shown)
+  growth = _length.Growth()
+  fixed, before, left = _fix(run, text, shown, growth)
+  run.grown(shown, growth, fixed, lambda: _length.limit(path, text.splitlines()))
   if run.args.diff:
     run.fixable += sum(f.fixable for f in before)
     run.shown_findings += sum(not run.ignore(f) for f in before)
@@ -169,7 +190,11 @@ def _notebook_file(run: _Run, shown: str, path: str, raw: bytes) -> None:
     run.fixable += sum(f.fixable and not run.ignore(f) for f in findings)
     run.report(_in_cells(findings, shown, nb, text))
     return
-  fixed, before, left = _fix(run, text, shown)
+  growth = _length.Growth(lambda line: len(_notebook.cell_line(nb, line)))
+  fixed, before, left = _fix(run, text, shown, growth)
+  starts = _notebook.cell_starts(fixed)
+  run.grown(shown, growth, fixed, lambda: _length.limit(path, _notebook.code_lines(nb, text)),
+            lambda line: "{}:cell {}:{}".format(shown, *_notebook.locate(starts, line)))
   data = _notebook.dump(nb, fixed) if fixed != text else raw
   if run.args.diff:
     run.fixable += sum(f.fixable for f in before)
@@ -251,6 +276,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
   else:
     print(f"{_plural(state.shown_findings, 'finding')} ({state.fixable} fixable with "
           f"--write) in {files}", file=err)
+  if state.grown_lines:
+    print(f"{_plural(state.grown_lines, 'line')} made longer than the file's line length "
+          "(notes above)", file=err)
   if state.errors:
     print(f"{PROG}: {_plural(state.errors, 'problem')} (above)", file=err)
     return 2

@@ -19,6 +19,7 @@ from jax_sharding_ext.port import _align, _analyze, _arrays, _files, _scope, _so
 from jax_sharding_ext.port._context import Context, Fixed
 from jax_sharding_ext.port._finding import Finding
 from jax_sharding_ext.port._imports import Note
+from jax_sharding_ext.port._length import Growth
 from jax_sharding_ext.port._project import Project
 from jax_sharding_ext.port._source import Edit, Text, choose, splice
 
@@ -145,10 +146,11 @@ def check_text(text: str, path: str = "<source>", project: Project | None = None
   return analyze(text, path, project=project).findings
 
 
-def fix_text(text: str, path: str = "<source>", project: Project | None = None
-             ) -> tuple[str, list[Finding], list[Finding]]:
+def fix_text(text: str, path: str = "<source>", project: Project | None = None,
+             growth: Growth | None = None) -> tuple[str, list[Finding], list[Finding]]:
   """(the text with every fixable finding fixed, the findings of the text as
-  given, the findings left in the fixed text)."""
+  given, the findings left in the fixed text). `growth` follows the lines the
+  rewrite touches."""
   project = project if project is not None else project_of([path])
   result = analyze(text, path, project=project)
   before = result.findings
@@ -156,9 +158,11 @@ def fix_text(text: str, path: str = "<source>", project: Project | None = None
     if not any(f.fixable for f in result.findings):
       break
     edits = choose(edit_groups(result.ctx))
-    new = splice(text, edits + _align.realign(result.ctx.text, edits))
+    edits = sorted(edits + _align.realign(result.ctx.text, edits), key=lambda e: (e.start, e.end))
+    new = splice(text, edits)
     if new == text:
       break
+    old = result.ctx.text
     result = None  # type: ignore[assignment]  # one module's tree in memory at a time
     try:
       tree = parse(new, path)
@@ -166,4 +170,6 @@ def fix_text(text: str, path: str = "<source>", project: Project | None = None
       raise RuntimeError(f"{path}: the rewrite does not compile ({e.msg} at line "
                          f"{e.lineno}); nothing written. Please report this.") from None
     text, result = new, analyze(new, path, tree, project)
+    if growth is not None:
+      growth.rewrite(old, edits, result.ctx.text)
   return text, before, result.findings
