@@ -492,6 +492,32 @@ def test_usage_errors_exit_2(cli):
   assert cli("--write", "--diff", "x.py")[0] == 2
 
 
+def test_help_gives_exit_statuses_examples_and_the_version(cli, tmp_path, monkeypatch):
+  """`--help` says what each exit status means and shows commands that work as
+  written; `--version` / `-V` print the tool's version with JAX's and libcst's."""
+  status, _, out, _ = cli("--help")
+  assert status == 0
+  statuses = out[out.index("exit status:"):]
+  for code in ("0", "1", "2"):
+    assert re.search(rf"^  {code}  \S", statuses, re.M), statuses
+  examples = re.findall(r"^  jax-sharding-ext-port (.+)$", out, re.M)
+  assert len(examples) >= 4 and all(len(line) <= 80 for line in out.splitlines()), out
+  monkeypatch.chdir(tmp_path)
+  for name in ("src", "notebooks"):
+    (tmp_path / name).mkdir()
+  (tmp_path / "src" / "a.py").write_text(MAPS)
+  (tmp_path / "train.py").write_text("import jax\nx = jax.tree_map(abs, [1])\n")
+  for example in examples:
+    if "<" not in example:  # the stdin one: `test_stdin`
+      assert cli(*example.split())[0] in (0, 1), example
+  assert (tmp_path / "train.py").read_text() == "import jax\nx = jax.tree_util.tree_map(abs, [1])\n"
+  for flag in ("--version", "-V"):
+    status, _, out, _ = cli(flag)
+    assert status == 0 and re.fullmatch(
+        rf"jax-sharding-ext-port {re.escape(jax_sharding_ext.__version__)} \(JAX "
+        rf"{re.escape(jax.__version__)}, libcst [\d.]+\)\n", out), out
+
+
 def test_diff_writes_nothing_and_write_applies_it(cli, tmp_path):
   path = tmp_path / "a.py"
   path.write_text("import jax\nfrom jax.experimental.maps import Mesh\njax.tree_map(f, x)\n")

@@ -30,11 +30,65 @@ from jax_sharding_ext.port._source import Text
 PROG = "jax-sharding-ext-port"
 
 
+_DESCRIPTION = """\
+Find the GDA-era JAX code that needs jax_sharding_ext or a change (JSE1xx
+imports, JSE2xx changed meanings, JSE3xx removed APIs), and with --write make
+every change that has one meaning."""
+
+_EPILOG = f"""\
+examples:
+  {PROG} src/ notebooks/ train.py
+      print the findings, one a line
+  {PROG} --diff train.py
+      show the changes --write would make
+  {PROG} --write src/ train.py
+      make them, and print what is left
+  {PROG} --write - < old.py > new.py
+      a module from stdin, rewritten to stdout (findings on stderr)
+  {PROG} --ignore JSE3 src/
+      leave the JSE3xx findings out
+  python -m jax_sharding_ext.port ...
+      the same command
+
+exit status:
+  0  no findings (left): none found, or --write fixed them all
+  1  findings left (those --ignore does not hide)
+  2  a file could not be read or does not parse (the other files are
+     handled all the same), or the command line is wrong
+
+A finding prints as `path:line:col: CODE message` (in a notebook,
+`nb.ipynb:cell N:line:col: ...`); one that ends in "(--write fixes this)" is
+a change --write makes. --write and --diff also note on stderr the lines they
+make longer than the file's line length (configured, else its longest line).
+"""
+
+
+def _version() -> str:
+  import importlib.metadata
+
+  import jax
+
+  from jax_sharding_ext import __version__
+  try:
+    libcst = f"libcst {importlib.metadata.version('libcst')}"
+  except importlib.metadata.PackageNotFoundError:
+    libcst = "libcst missing: pip install 'jax-sharding-ext[port]'"
+  return f"{PROG} {__version__} (JAX {jax.__version__}, {libcst})"
+
+
+class _Version(argparse.Action):
+  """`--version`: the versions are looked up only when asked for."""
+
+  def __call__(self, parser, namespace, values, option_string=None) -> None:
+    print(_version())
+    parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog=PROG, description="Find the GDA-era JAX code that needs jax_sharding_ext or a "
-      "change (JSE1xx imports, JSE2xx changed meanings, JSE3xx removed APIs), and with "
-      "--write make every change that has one meaning.")
+  p = argparse.ArgumentParser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("-V", "--version", action=_Version, nargs=0,
+                 help="print the version (and JAX's and libcst's) and exit")
   p.add_argument("paths", nargs="*", metavar="PATH",
                  help="Python files, notebooks (.ipynb), directories to search for them, "
                  "or - for stdin")
