@@ -13,9 +13,10 @@ read of the legacy mesh is `current_mesh()`, `_mesh_env`), reported
 (`JSE311` when missing, with JAX's own note). The rules on values (`with
 mesh:`, `.device_buffers`, array attributes, ...) are in `_values` and
 `_arrays`, the order of `jax.distributed.initialize()` in `_order`. An import
-of a removed name that nothing uses once the rewrites are made goes (a name
-in `__all__` is used). A `from M import *` of a GDA-era module is judged by
-the names the module uses and binds nowhere (`_star_imports`).
+of a removed name that nothing uses once the rewrites are made goes, as does
+one the rewrites leave unused (`_unused`). A `from M import *` of a GDA-era
+module is judged by the names the module uses and binds nowhere
+(`_star_imports`).
 """
 
 from __future__ import annotations

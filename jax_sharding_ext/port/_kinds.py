@@ -8,11 +8,15 @@ parameters by their annotation (`Optional[...]` too), `with v as name`, the
 imports, in another file of the project: `_project`), `self.x` by every
 assignment of an attribute `x` in the file and the class's properties (when
 the class itself defines or assigns `x`), conditional expressions, tuple
-unpacking, subscripts of a jit's output. Calls of JAX's and this package's callables are known by the object
-they are in the installed JAX (the `Mesh` class, `jax.jit`, legacy and stock
-`pjit`, `jax.pmap`, `jax.device_put`, a JAX function annotated to return a
-`Mesh`, `functools.partial` of any of them). Anything else is `UNKNOWN`: a
-rule that needs every value to be a `Mesh` then makes no change.
+unpacking, subscripts of a jit's output. Calls of JAX's and this package's
+callables are known by the object they are in the installed JAX (the `Mesh`
+class, `jax.jit`, legacy and stock `pjit`, `jax.pmap`, `jax.device_put`, a
+JAX function annotated to return a `Mesh`, `functools.partial` of any of
+them); a call of Python's standard library gives no `Mesh`; one of another
+library is `LIBRARY_OUT`. A call that nothing says anything of, of a function
+named like a mesh maker (`get_mesh()`, `createDeviceMesh()`), is
+`Outside(name)`: it may give a `Mesh`. Anything else is `UNKNOWN`: a rule
+that needs every value to be a `Mesh` then makes no change.
 """
 
 from __future__ import annotations

@@ -4,8 +4,12 @@
   defines: the package import is added when the module has none.
 - `with mesh:` becomes `with jax.set_mesh(mesh):` (`with mesh as m:` becomes
   `with jax.set_mesh(m := mesh):`, as `jax.set_mesh` enters to None) where
-  every value that can reach `mesh` is a `Mesh` (`_kinds`); where only some
-  may be, or nothing is known of a value named like a mesh, it is reported.
+  every value that can reach `mesh` is a `Mesh` (`_kinds`). It is reported,
+  and left, where only some may be, and where a value may be one that
+  nothing in the files of the run says anything of: it is named like a mesh
+  (`mesh`, `self.global_mesh`), or a function they do not define that is
+  named like a mesh maker made it (`get_mesh()` of another package). A value
+  of Python's standard library (`threading.Lock()`) is no `Mesh`.
   A `maps.mesh(devices, names)` call becomes
   `jax.set_mesh(jax.sharding.Mesh(devices, names))`.
 - `with_sharding_constraint(..., axis_resources=...)`: the keyword is `shardings`.
