@@ -87,11 +87,12 @@ class _Uses:
       if id(node) in ctx.consumed:  # a call rule rewrote it
         self.count.use(binding, node, parts[0], symbol, True, ctx.consumed[id(node)])
         continue
-      base_len = len(symbol.split(".")) - (len(parts) - 1)
       renamed = None
-      if symbol.split(".")[0] == _rules.PKG:
+      root = symbol.partition(".")[0]
+      if root == _rules.PKG:
         self._package_use(node, symbol)
-      elif is_jax(symbol) and (not moved or len(parts) > 1):
+      elif root in _jaxnames.ROOTS and (not moved or len(parts) > 1) and not _current(symbol):
+        base_len = symbol.count(".") + 1 - (len(parts) - 1)
         renamed = self._removed_use(node, symbol, base_len, scope)
       self.count.use(binding, node, parts[0], symbol, renamed is not None, renamed)
       obj, _, option = symbol.rpartition(".")

@@ -41,17 +41,22 @@ class Context:
     self.consumed: dict[int, Note | None] = {}  # id(node) a call rule judged -> its rewrite
     self.waits: dict[int, list[Note]] = {}  # id(import statement) -> rewrites made with it
     self._imports_package: dict[str, bool] = {}
+    self._bindings: dict[tuple[str, int], list[_scope.Binding]] = {}  # the walk's scopes live on
 
   # -- symbols ---------------------------------------------------------------
 
   def bindings(self, name: str, scope: _scope.Scope) -> list[_scope.Binding]:
     """The import bindings `name` reaches here (one per distinct dotted name)."""
-    seen, out = set(), []
-    for b in scope.lookup(name):
-      if b.qualified is not None and b.qualified not in seen:
-        seen.add(b.qualified)
-        out.append(b)
-    return out
+    key = (name, id(scope))
+    found = self._bindings.get(key)
+    if found is None:
+      seen, found = set(), []
+      for b in scope.lookup(name):
+        if b.qualified is not None and b.qualified not in seen:
+          seen.add(b.qualified)
+          found.append(b)
+      self._bindings[key] = found
+    return found
 
   def effective(self, binding: _scope.Binding, rest: list[str]) -> tuple[str, bool]:
     """The symbol a chain reaches through `binding` once `--write` rewrote the

@@ -132,6 +132,7 @@ def handles_import_error(handler: ast.ExceptHandler) -> bool:
 # Fields that never hold a node any rule looks at: a name's load / store
 # context, an operator, and strings.
 _LEAF_FIELDS = frozenset({"ctx", "op", "ops", "type_comment", "kind"})
+_CONSTANT = ast.Constant  # a leaf no rule visits (an annotation's strings are read apart)
 _BODY_FIELDS = ("body", "orelse", "finalbody")
 
 
@@ -172,7 +173,7 @@ class _Walker:
   def generic(self, node: ast.AST, scope: Scope, guarded: bool) -> None:
     """Every child node, in source order (what `ast.iter_child_nodes` gives, less
     the nodes of `_LEAF_FIELDS`, which no rule visits)."""
-    fields, bodies = _fields(node.__class__)
+    fields, bodies = _FIELDS.get(node.__class__) or _fields(node.__class__)
     for name in bodies:
       body = getattr(node, name, None)
       if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
@@ -181,8 +182,8 @@ class _Walker:
     for name in fields:
       value = getattr(node, name, None)
       if value.__class__ is list:
-        children += [c for c in value if isinstance(c, ast.AST)]
-      elif isinstance(value, ast.AST):
+        children += [c for c in value if isinstance(c, ast.AST) and c.__class__ is not _CONSTANT]
+      elif isinstance(value, ast.AST) and value.__class__ is not _CONSTANT:
         children.append(value)
     if children:
       children.reverse()
@@ -317,16 +318,20 @@ class _Walker:
       self.walk.defined.add(node.attr)
       self.push([node.value], scope, guarded)
       return
-    parts = chain(node)
+    parts = []
     inner: ast.expr = node
-    while isinstance(inner, ast.Attribute):
-      if inner.attr in self.watched:
-        self.walk.attrs.append((inner, scope))
-      inner = inner.value
-    if parts is not None:
+    while inner.__class__ is ast.Attribute:
+      attr = inner.attr  # type: ignore[attr-defined]
+      if attr in self.watched:
+        self.walk.attrs.append((inner, scope))  # type: ignore[arg-type]
+      parts.append(attr)
+      inner = inner.value  # type: ignore[attr-defined]
+    if inner.__class__ is ast.Name:
+      parts.append(inner.id)  # type: ignore[attr-defined]
+      parts.reverse()
       self.walk.uses.append((node, parts, scope))
-    else:
-      self.push([inner], scope, guarded)
+    elif inner.__class__ is not _CONSTANT:
+      self.stack.append((inner, scope, guarded))
 
   def visit_Call(self, node: ast.Call, scope: Scope, guarded: bool) -> None:
     self.walk.calls.append((node, scope))

@@ -40,6 +40,9 @@ _MESH_NAME = re.compile(r"(^|_)mesh$", re.IGNORECASE)
 _WSC = frozenset({"jax.lax.with_sharding_constraint",
                   "jax.experimental.pjit.with_sharding_constraint"})
 _MAPS_MESH = "jax.experimental.maps.mesh"
+# The calls `_imported_call` judges, by symbol.
+_CALLS = frozenset({*(f"{o}.{m}" for o in _reports.CONFIG_OBJECTS for m in ("update", "read")),
+                    *_WSC, _MAPS_MESH})
 _GDA_CLASSES = frozenset({f"{_rules.PKG}.GlobalDeviceArray",
                           f"{_rules.PKG}.global_device_array.GlobalDeviceArray",
                           f"{_rules.GDA_MODULE}.GlobalDeviceArray"})
@@ -82,13 +85,15 @@ def _call(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
 def _imported_call(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
   """A call of something an import binds: a config option read or set,
   `with_sharding_constraint(axis_resources=...)`, `maps.mesh(...)`."""
-  positional = [a for a in call.args if not isinstance(a, ast.Starred)]
-  first = positional[0] if positional else None
-  name = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
   for symbol in ctx.symbols(call.func, scope):
+    if symbol not in _CALLS:
+      continue
     obj, _, method = symbol.rpartition(".")
-    if obj in _reports.CONFIG_OBJECTS and method in ("update", "read") and name:
-      option(ctx, call, name, method)
+    if obj in _reports.CONFIG_OBJECTS:
+      positional = [a for a in call.args if not isinstance(a, ast.Starred)]
+      first = positional[0] if positional else None
+      if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value:
+        option(ctx, call, first.value, method)
     if symbol in _WSC:
       for kw in call.keywords:
         if kw.arg == "axis_resources":
