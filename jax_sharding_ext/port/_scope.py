@@ -321,13 +321,13 @@ class _Walker:
     parts = []
     inner: ast.expr = node
     while inner.__class__ is ast.Attribute:
-      attr = inner.attr  # type: ignore[attr-defined]
+      attr = inner.attr
       if attr in self.watched:
-        self.walk.attrs.append((inner, scope))  # type: ignore[arg-type]
+        self.walk.attrs.append((inner, scope))
       parts.append(attr)
-      inner = inner.value  # type: ignore[attr-defined]
+      inner = inner.value
     if inner.__class__ is ast.Name:
-      parts.append(inner.id)  # type: ignore[attr-defined]
+      parts.append(inner.id)
       parts.reverse()
       self.walk.uses.append((node, parts, scope))
     elif inner.__class__ is not _CONSTANT:
