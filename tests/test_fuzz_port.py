@@ -10,7 +10,8 @@ lines no rule touches, with `\\n` or `\\r\\n` line endings, as a module or as a
 notebook, written in a folder named `orbax`, in another, or in a copy of
 orbax, or not written at all.
 
-The model: `--write`'s output compiles, a second `--write` changes nothing,
+The model: `--write`'s output compiles, the findings it says are left are
+those of its output, a second `--write` changes nothing,
 every line (and notebook cell) no rule touches keeps its bytes, a call that
 a rename made longer keeps its continuation lines aligned, a `with` is
 rewritten to `jax.set_mesh` exactly when every value that can reach it is a
@@ -47,8 +48,10 @@ class _Fixed:
   def __init__(self, text: str, path: str = "<source>", length=len, lines=None) -> None:
     growth = _length.Growth(length)
     project = _engine.project_of([path])
-    self.text, self.before, _ = _engine.fix_text(text, path, project, growth)
+    self.text, self.before, left = _engine.fix_text(text, path, project, growth)
     compile(self.text, "<fixed>", "exec")
+    assert left == _engine.check_text(self.text, path, _engine.project_of([path])), (
+        "the findings said to be left are not those of the rewritten module")
     assert _engine.fix_text(self.text, path, _engine.project_of([path]))[0] == self.text, (
         "a second --write changed the module")
     self.limit = _length.limit(None, lines if lines is not None else text.splitlines())

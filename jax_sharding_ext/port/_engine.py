@@ -5,7 +5,12 @@ finding's edits applied. An import statement that changes is rewritten with
 libcst (only that statement is parsed by it); every other edit is a splice of
 the exact characters an `ast` node spans. `fix_text` repeats until nothing is
 left to fix (an edit that overlapped another waits for the next round), at
-most a few rounds, and refuses a result that does not compile.
+most a few rounds, and refuses a result that does not compile. A round in
+which every finding was fixable and every edit applied is the last: the
+rewritten text is parsed (it must compile) but not analyzed again, as the
+fixes of one round leave nothing to find (the fuzzer checks this against a
+full analysis), unless the module has a star import or the round imports a
+name the code uses unbound.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from jax_sharding_ext.port._finding import Finding
 from jax_sharding_ext.port._imports import Note
 from jax_sharding_ext.port._length import Growth
 from jax_sharding_ext.port._project import Project
-from jax_sharding_ext.port._source import Edit, Text, choose, splice
+from jax_sharding_ext.port._source import Edit, Text, choose_all, splice
 
 _ROUNDS = 4
 
@@ -157,11 +162,12 @@ def fix_text(text: str, path: str = "<source>", project: Project | None = None,
   for _ in range(_ROUNDS):
     if not any(f.fixable for f in result.findings):
       break
-    edits = choose(edit_groups(result.ctx))
+    edits, every = choose_all(edit_groups(result.ctx))
     edits = sorted(edits + _align.realign(result.ctx.text, edits), key=lambda e: (e.start, e.end))
     new = splice(text, edits)
     if new == text:
       break
+    settled = every and all(n.fixable for n in result.ctx.notes) and _closed(result.ctx)
     old = result.ctx.text
     result = None  # type: ignore[assignment]  # one module's tree in memory at a time
     try:
@@ -169,7 +175,23 @@ def fix_text(text: str, path: str = "<source>", project: Project | None = None,
     except SyntaxError as e:
       raise RuntimeError(f"{path}: the rewrite does not compile ({e.msg} at line "
                          f"{e.lineno}); nothing written. Please report this.") from None
+    if settled:  # every finding was fixed in this round: nothing is left
+      if growth is not None:
+        growth.rewrite(old, edits, Text(new))
+      return new, before, []
     text, result = new, analyze(new, path, tree, project)
     if growth is not None:
       growth.rewrite(old, edits, result.ctx.text)
   return text, before, result.findings
+
+
+def _closed(ctx: Context) -> bool:
+  """Whether a round that makes every fix of `ctx` leaves nothing to find: no
+  star import (whose names the rewrite may bind), and no module the round
+  imports whose name the code uses unbound (the new import would bind it)."""
+  if any(isinstance(s.node, ast.ImportFrom) and s.node.names[0].name == "*"
+         for s in ctx.walk.imports):
+    return False
+  needs = {m.partition(".")[0] for n in ctx.notes if isinstance(n, Fixed) for m in n.needs}
+  return not any(not ctx.bindings(root, scope) for root in needs
+                 for _node, _parts, scope in ctx.walk.uses_of(root))
