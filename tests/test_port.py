@@ -564,6 +564,30 @@ def test_files_without_jax_are_not_parsed(cli, tmp_path):
   assert cli(path)[0] == 0
 
 
+def _without_imports(source):
+  return "".join(line for line in source.splitlines(keepends=True)
+                 if not re.match(r"\s*(from|import) ", line))
+
+
+@pytest.mark.parametrize("source", [
+    *(CASES[case][0] for case in sorted(CASES)), TRAIN,
+    *(_without_imports(CASES[case][0]) for case in sorted(CASES)), _without_imports(TRAIN),
+    "# jax\ndef f(x):\n  return x.shape  # no rule judges this\n",
+])
+def test_a_module_no_rule_can_judge_is_not_parsed(source):
+  """`could_find` says a module cannot have a finding only where none is found:
+  the command line then skips it unparsed."""
+  from jax_sharding_ext.port import _engine
+  assert _engine.could_find(source) or port.check(source) == []
+
+
+def test_a_file_that_names_nothing_gda_era_is_skipped_unparsed(cli, tmp_path):
+  (tmp_path / "a.py").write_text("# about jax\ndef f(x):\n  return (x\n")  # does not parse
+  (tmp_path / "b.py").write_text("# about jax\ndef g(x):\n  return x.device_buffers\n")
+  status, found, _, err = cli(tmp_path)
+  assert (status, found) == (1, [("JSE312", 3)]) and "does not parse" not in err, err
+
+
 def test_any_depth_of_valid_python(cli, tmp_path):
   """Expressions as deep as Python itself compiles (a long `a + a + ...` chain
   nests one level per term) are checked and rewritten, including inside them."""

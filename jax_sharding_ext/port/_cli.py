@@ -1,9 +1,10 @@
 """`python -m jax_sharding_ext.port PATH...`: the command line of the porting tool.
 
 Files are handled one at a time (read, checked, rewritten with `--write`),
-so memory does not grow with the tree; the files of the run are one project
-(`_project`), whose other files a rule reads only when it follows a value
-into them. A file that cannot be read or does not parse (or that meets a
+so memory does not grow with the tree; one that does not mention `jax`, or
+spells none of the words a finding needs (`_engine.could_find`), is not
+parsed. The files of the run are one project (`_project`), whose other files
+a rule reads only when it follows a value into them. A file that cannot be read or does not parse (or that meets a
 defect of the tool) is reported on stderr, left as it is, and the run goes
 on; the exit status is then 2. Otherwise it is 1 when findings are left
 (those not `--ignore`d), else 0.
@@ -179,6 +180,10 @@ def _python(run: _Run, shown: str, path: str, raw: bytes) -> None:
       sys.stdout.buffer.write(raw)
     return
   text, encoding, bom = _source.decode(raw)
+  if not run.engine.could_find(text):  # type: ignore[attr-defined]
+    if path == "-" and run.args.write:
+      sys.stdout.buffer.write(raw)
+    return
   if not (run.args.write or run.args.diff):
     findings = run.engine.check_text(text, shown, run.project)  # type: ignore[attr-defined]
     run.fixable += sum(f.fixable and not run.ignore(f) for f in findings)
@@ -237,7 +242,8 @@ def _notebook_file(run: _Run, shown: str, path: str, raw: bytes) -> None:
     run.error(f"{shown}:cell {number}:{bad.lineno or 1}:{bad.offset or 1}: does not parse: "
               f"{bad.msg}; cell left as it is")
   text, _ = _notebook.module_text(nb)
-  if not _mentions_jax(text.encode("utf-8")):
+  if not (_mentions_jax(text.encode("utf-8"))
+          and run.engine.could_find(text)):  # type: ignore[attr-defined]
     return
   if not (run.args.write or run.args.diff):
     findings = run.engine.check_text(text, shown, run.project)  # type: ignore[attr-defined]

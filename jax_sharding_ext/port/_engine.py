@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import warnings
 from typing import cast
 
@@ -29,6 +30,20 @@ from jax_sharding_ext.port._project import Project
 from jax_sharding_ext.port._source import Edit, Text, choose_all, splice
 
 _ROUNDS = 4
+
+
+# What code must spell for any rule to find something in it: an import (every
+# rule on names, and most on values, starts at one), or a name that a rule
+# judges on any object (`.device_buffers`, `.device()`, a value named like a
+# mesh, the removed array classes' own attributes; `.indices` needs a jit).
+_SPELLED = re.compile("|".join(["import", "device", "mesh", *sorted(
+    re.escape(a) for a in _arrays.REMOVED_SURFACE if a != "indices")]), re.IGNORECASE)
+
+
+def could_find(text: str) -> bool:
+  """False when no rule can find anything in `text` (it spells none of the
+  words every finding needs): the module need not be parsed."""
+  return _SPELLED.search(text) is not None
 
 
 def parse(text: str, path: str) -> ast.Module:
