@@ -90,7 +90,7 @@ def _read_dir(directory: str) -> Limit | None:
       for key in keys:
         value = _dig(data, key)
         if isinstance(value, int) and value > 0:
-          return Limit(value, f"{'.'.join(key[:-1]) or name} {key[-1]} in {path}")
+          return Limit(value, f"{'.'.join(key[:-1]) or name} {key[-1]} in {_shown(path)}")
   for name, keys in _INI:
     path = os.path.join(directory, name)
     if os.path.isfile(path):
@@ -102,8 +102,17 @@ def _read_dir(directory: str) -> Limit | None:
       for section, option in keys:
         value = parser.get(section, option, fallback="").strip()
         if value.isdigit() and int(value) > 0:
-          return Limit(int(value), f"[{section}] {option} in {path}")
+          return Limit(int(value), f"[{section}] {option} in {_shown(path)}")
   return None
+
+
+def _shown(path: str) -> str:
+  """`path` relative to the working directory when it is inside it."""
+  try:
+    relative = os.path.relpath(path)
+  except ValueError:  # another drive
+    return path
+  return path if relative.startswith(os.pardir) else relative
 
 
 def _dig(data: Any, key: tuple[str, ...]) -> Any:
