@@ -1218,6 +1218,9 @@ def test_imports_the_rewrite_leaves_unused_go(before, after):
     "from jax.experimental import pjit\nf = pjit.pjit(g)\np = pjit.pjit_p\n",
     "from jax.experimental import pjit\n__all__ = ['pjit']\nf = pjit.pjit(g)\n",
     "import jax.numpy as jnp\ny: jnp.DeviceArray = x\ndef f(v: 'jnp.DeviceArray'):\n  pass\n",
+    "import jax\nimport jax.experimental.multihost_utils\n"
+    "y = jax.experimental.multihost_utils.process_allgather(x)\n"
+    "def f(m: 'jax.experimental.multihost_utils.Foo'):\n  pass\n",
     # A top-level package: a rewrite may spell a new name through it.
     "import jax as j\ny = j.tree_map(f, x)\n",
     # Unused before the rewrite: the user's own.

@@ -124,7 +124,8 @@ def drops(ctx: Context, count: Count, missing_left: set[str]) -> Drops:
         if not _jaxnames.is_module(alias.name):
           if not any(s == alias.name or s.startswith(alias.name + ".") for s in missing_left):
             out.add(out.names, node, alias.name)
-        elif "." in alias.name and alias.name.split(".")[0] not in exported:
+        elif ("." in alias.name and alias.name.split(".")[0] not in exported
+              and not _in_annotation_strings(ctx, alias.name)):
           notes = count.module_left_unused(alias.name)
           if notes is not None:
             plain.append((stmt, alias, notes))
