@@ -518,6 +518,22 @@ def test_help_gives_exit_statuses_examples_and_the_version(cli, tmp_path, monkey
         rf"{re.escape(jax.__version__)}, libcst [\d.]+\)\n", out), out
 
 
+def test_main_leaves_the_cycle_collector_as_it_was(cli, tmp_path):
+  """The command line pauses Python's cycle collector while it handles a file
+  and freezes what existed before; called from Python, it restores both."""
+  import gc
+  (tmp_path / "a.py").write_text(MAPS)
+  assert gc.isenabled() and gc.get_freeze_count() == 0
+  assert cli("--write", tmp_path)[0] == 0
+  assert gc.isenabled() and gc.get_freeze_count() == 0
+  gc.disable()
+  try:
+    cli(tmp_path)
+    assert not gc.isenabled()
+  finally:
+    gc.enable()
+
+
 def test_diff_writes_nothing_and_write_applies_it(cli, tmp_path):
   path = tmp_path / "a.py"
   path.write_text("import jax\nfrom jax.experimental.maps import Mesh\njax.tree_map(f, x)\n")

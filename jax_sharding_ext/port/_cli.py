@@ -270,6 +270,22 @@ def _notebook_file(run: _Run, shown: str, path: str, raw: bytes) -> None:
 
 
 @contextlib.contextmanager
+def _frozen() -> Iterator[None]:
+  """What the process made before the files (JAX, this package) is left out of
+  the collections after each file (`gc.freeze`), and put back at the end: a
+  caller of `main` keeps its collector as it was. Where the caller froze
+  objects itself, its freeze is left alone."""
+  own = gc.get_freeze_count() == 0
+  if own:
+    gc.freeze()
+  try:
+    yield
+  finally:
+    if own:
+      gc.unfreeze()
+
+
+@contextlib.contextmanager
 def _no_cycle_collection() -> Iterator[None]:
   """Python's cycle collector paused while one file is handled, then run once.
 
@@ -320,12 +336,12 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
   from jax_sharding_ext.port import _load_engine
   engine = _load_engine(rewrite=args.write or args.diff)  # libcst: only now, and only to rewrite
   state = _Run(args, engine, out, err, _ignored(args.ignore))
-  gc.freeze()  # what startup made lives to the end: no collection walks it again
   paths = list(_files.paths(args.paths))
   state.project = state.engine.project_of([path for _, path, _ in paths])  # type: ignore[attr-defined]
-  for shown, path, _named in paths:
-    _one(state, shown, path)
-    out.flush()
+  with _frozen():
+    for shown, path, _named in paths:
+      _one(state, shown, path)
+      out.flush()
   files = _plural(state.files, "file")
   if args.write:
     print(f"fixed {_plural(state.fixed, 'finding')} in {_plural(state.changed, 'file')}; "
