@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import shutil
-import threading
 import zlib
 
 import numpy as np
@@ -285,20 +284,20 @@ def test_each_recorded_crc32_is_the_chunk_files_as_saved_also_if_rewritten_after
   again = np.full((64, 64), 7.0, np.float32)
   want = data.copy()
   want[:64, :64] = again
-  landed = []
+  read, landed = [], []
   real_crc = chunkfiles._crc_of_file
 
   def spying_crc(path):
-    if threading.current_thread().name.startswith("jax_sharding_ext.crc32-landing"):
-      landed.append(os.path.basename(path))
+    read.append(os.path.basename(path))
     return real_crc(path)
 
   real_serialize = serialization._jax_checkpoint.async_serialize
 
   async def write_then_rewrite(arr, spec, *args, **kwargs):
     out = await real_serialize(arr, spec, *args, **kwargs)
-    for _ in range(2000):  # until its crc32 was taken as it landed
-      if "0.0" in landed:
+    for _ in range(2000):  # until its crc32 was taken as it landed (the record is not begun)
+      if "0.0" in read:
+        landed.append("0.0")
         break
       await asyncio.sleep(0.005)
     t = await ts.open(ts.Spec(spec), open=True)
@@ -308,6 +307,7 @@ def test_each_recorded_crc32_is_the_chunk_files_as_saved_also_if_rewritten_after
   monkeypatch.setattr(chunkfiles, "_crc_of_file", spying_crc)
   monkeypatch.setattr(serialization._jax_checkpoint, "async_serialize", write_then_rewrite)
   for _ in ("fresh", "over the first"):
+    read.clear()
     landed.clear()
     save(gda, tmp_path / "w", metadata="stock")
     assert "0.0" in landed
