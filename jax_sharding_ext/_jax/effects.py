@@ -267,9 +267,11 @@ def emit_host_callback(ctx, callback: Callable[..., Any], args: Sequence[Any],
 
   if is_ordered_effect(effect):
     return emit_ordered_callback(ctx, host, args, effect, sharding=sharding)
+  # `returns_token=True` as stock's unordered debug callback: on TPU the
+  # callback's completion is then received back (no token to thread here).
   result, _, _ = _fx_callback.emit_python_callback(
       ctx, host, None, list(args), ctx.avals_in, ctx.avals_out,
-      has_side_effect=True, returns_token=False, sharding=sharding)
+      has_side_effect=True, returns_token=True, sharding=sharding)
   return result
 
 
