@@ -240,7 +240,10 @@ class Landing:
     self._stop = threading.Event()
     self._watching: concurrent.futures.Future | None = None
     if self._pending:
-      self._watching = _watchers().submit(self._watch)
+      try:
+        self._watching = _watchers().submit(self._watch)
+      except RuntimeError:  # the interpreter is exiting: the record reads every chunk
+        self._watching = None
 
   def _watch(self) -> None:
     while self._pending and not self._stop.is_set():
@@ -250,7 +253,10 @@ class Landing:
           return
         path = os.path.join(d, k)
         if _state_of(path) not in (None, before):
-          self._landed[d, k] = _crc_pool().submit(_landed_crc, path)
+          try:
+            self._landed[d, k] = _crc_pool().submit(_landed_crc, path)
+          except RuntimeError:  # the interpreter is exiting
+            return
           del self._pending[d, k]
       self._stop.wait(max(self._POLL_S, 20 * (time.perf_counter() - t0)))
 
