@@ -17,6 +17,7 @@ What breaks first when JAX changes: the keyword arguments of
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -279,10 +280,14 @@ def call_like_debug_callback(fn: Callable[..., Any], *args: Any) -> None:
   """`fn(*args)` in the context stock `debug_callback_impl` gives a debug
   callback (default device: the CPU; no concrete or abstract mesh), logging
   a failure as it does, without its `device_put` of the arguments: `args`
-  stay the host callback's numpy arrays. (Same in jax 0.10.2 and 0.12.x.)
+  stay the host callback's numpy arrays, so no CPU backend is needed (without
+  one the default device is left as it is). (Same in jax 0.10.2 and 0.12.x.)
   """
-  cpu_device = _fx_xla_bridge.local_devices(backend="cpu")[0]
-  with (_fx_config.default_device(cpu_device),
+  try:
+    on_cpu: Any = _fx_config.default_device(_fx_xla_bridge.local_devices(backend="cpu")[0])
+  except RuntimeError:  # no CPU backend (e.g. JAX_PLATFORMS=tpu)
+    on_cpu = contextlib.nullcontext()
+  with (on_cpu,
         _fx_sharding_impls._internal_use_concrete_mesh(_fx_mesh.empty_concrete_mesh),
         _fx_mesh.use_abstract_mesh(_fx_mesh.empty_abstract_mesh)):
     try:
