@@ -38,22 +38,24 @@ its chunk record, which the package restores unchecked, as stock's: the
 ratio of the two is the cost of the check (target: at most 5%).
 
 Where the time goes in a zstd save (`metadata="stock"`; JAX 0.10.2, 8 CPU
-devices, 2 cores, a loaded machine: time stamps around stock's writes, 12
-saves each, medians): stock's writes take ~0.8-1.1 s here (~0.46 s on a quiet
-machine), with about one core busy (tensorstore compresses the 8 chunks of
-~31 MB and writes each to `<key>.__lock`, then renames it into place; the
-chunks land over the last ~30% of the write, the last two together at its
-end). The package adds ~2 ms before the writes (input checks, the commit
-marker, the mark) and, before, ~20-26 ms after them: the crc32 of every
-chunk file, read back from the page cache (mapped, isal crc32: ~1.2-1.5 ms
-a chunk alone, more under load) for the record; with the commit marker and
-the record ~0.6 ms. Now a helper thread takes each chunk's crc32 as its
-file lands, while tensorstore still compresses the others (polling for
-the files, at most ~5% of a core); the record uses it if the file's state
-(inode, size, times) is still the one read, and reads any other chunk
-itself (a chunk written again, one that landed after the last poll). After
-the writes that leaves ~7-12 ms under load (the last one or two chunks), 2-4
-ms when the machine is quiet.
+devices, 2 cores, a loaded machine (load 4-13): time stamps around stock's
+writes, 12-16 saves per run, medians): stock's writes take ~0.45-1.1 s here
+(~0.46 s on a quiet machine), with about one core busy: it copies each
+shard to pinned host memory (on CPU a real copy: ~140 ms for 256 MiB),
+tensorstore compresses the 8 chunks of ~31 MB and writes each to
+`<key>.__lock`, then renames it into place; the chunks land over the last
+~30% of the write, the last two together at its end. The package adds
+~2 ms before the writes (input checks, the commit marker, the mark) and
+after them, before, 13-26 ms: the crc32 of every chunk file for the record,
+read back from the page cache (mapped, isal crc32: ~1.5-6 ms a chunk), then
+the commit marker and the record (~0.6 ms). Now a helper thread polls for
+the chunk files (every 2 ms, at most ~5% of a core) and hands each one that
+lands to the crc32 workers while tensorstore still compresses the others;
+the record uses that crc32 if the file's state (inode, size, times) is still
+the one read, and reads any other chunk itself (one written again, one that
+landed after the last poll). After the writes that leaves 5-8 ms (the last
+one or two chunks, read in parallel), ~2.3 ms before them: ~7 ms in all,
+~1.5% of a quiet save, against ~15 ms before.
 
 Run: `.venv/bin/python benchmarks/bench_checkpoint.py [--reps 7] [--mib 256] [--dir D]`
 """

@@ -59,7 +59,7 @@ summed, plus ~0.3 ms placing a fresh token on 8 devices on the main thread).
 Now the lowering emits the per-device host callback itself and hands `fn`
 the numpy arrays the runtime made (its own copies), in the context stock
 gives a debug callback (~3 us): the 16 host calls take ~65 us per call
-together, and a call costs ~0.7-1.3 ms wall (jit's Python path, the wait
+together, and a call costs ~0.7-1.6 ms wall (jit's Python path, the wait
 for the previous call's token, XLA's host-callback round trips).
 
 Run: `.venv/bin/python benchmarks/bench_effects.py [--calls 200] [--rounds 15]`
