@@ -22,12 +22,12 @@ as throughput (GB/s, 1e9 bytes per second; ratio > 1 is faster than stock).
 What the wrapper adds per call: the input checks, the commit marker (one
 small key written before the save and deleted after it), the chunk record
 (one small key per array, after the writes; for zstd the crc32 of every chunk
-written, read back from the page cache) and, on restore, one extra metadata
+written, taken from the page cache as each chunk file lands) and, on restore, one extra metadata
 open, one marker read and the chunk check (the record read, each chunk read
 by this process stat-ed, and for zstd its bytes checked against the recorded
 crc32, concurrently with the read, unless its file is unchanged since it
 was last checked). Target: >= 0.95x stock's throughput on the same
-metadata, for saves and restores.
+metadata, for saves and restores (>= 0.97x for the zstd save).
 
 Restores run twice over: from unchanged files (tensorstore serves them from
 its chunk cache, and the package checks no chunk twice), and after the files
@@ -36,6 +36,26 @@ tensorstore reads every chunk again and the package checks every chunk
 again). The second also restores a copy of the package's checkpoint without
 its chunk record, which the package restores unchecked, as stock's: the
 ratio of the two is the cost of the check (target: at most 5%).
+
+Where the time goes in a zstd save (`metadata="stock"`; JAX 0.10.2, 8 CPU
+devices, 2 cores, a loaded machine (load 4-13): time stamps around stock's
+writes, 12-16 saves per run, medians): stock's writes take ~0.45-1.1 s here
+(~0.46 s on a quiet machine), with about one core busy: it copies each
+shard to pinned host memory (on CPU a real copy: ~140 ms for 256 MiB),
+tensorstore compresses the 8 chunks of ~31 MB and writes each to
+`<key>.__lock`, then renames it into place; the chunks land over the last
+~30% of the write, the last two together at its end. The package adds
+~2 ms before the writes (input checks, the commit marker, the mark) and
+after them, before, 13-26 ms: the crc32 of every chunk file for the record,
+read back from the page cache (mapped, isal crc32: ~1.5-6 ms a chunk), then
+the commit marker and the record (~0.6 ms). Now a helper thread polls for
+the chunk files (every 2 ms, at most ~5% of a core) and hands each one that
+lands to the crc32 workers while tensorstore still compresses the others;
+the record uses that crc32 if the file's state (inode, size, times) is still
+the one read, and reads any other chunk itself (one written again, one that
+landed after the last poll). After the writes that leaves 5-8 ms (the last
+one or two chunks, read in parallel), ~2.3 ms before them: ~7 ms in all,
+~1.5% of a quiet save, against ~15 ms before.
 
 Run: `.venv/bin/python benchmarks/bench_checkpoint.py [--reps 7] [--mib 256] [--dir D]`
 """
@@ -186,8 +206,9 @@ def _report(nbytes: int, saves: dict, loads: dict) -> list[dict]:
       throughput[what, kind] = got
       rows += _common.report(f"{what}, {size}, {kind}", got, base, unit=1e9, unit_name="GB/s")
       ratio = next(v for k, v in got.items() if k in OURS) / got[base]
+      limit = _limit(what, kind)
       print(f"  {what}, {kind}: GDA / stock throughput {ratio:.3f}x  "
-            f"(target >= 0.95x: {'ok' if ratio >= 0.95 else 'MISSED'})")
+            f"(target >= {limit}x: {'ok' if ratio >= limit else 'MISSED'})")
   gzip_save = throughput["checkpoint save", GZIP][OURS_SAVE]
   zstd_save = throughput["checkpoint save", ZSTD][OURS_SAVE_Z]
   gzip_load = throughput["checkpoint restore", GZIP][OURS_LOAD]
@@ -195,6 +216,11 @@ def _report(nbytes: int, saves: dict, loads: dict) -> list[dict]:
   print(f"\n  the GDA-era format (gzip) / metadata='stock' (zstd), this package: save "
         f"{gzip_save / zstd_save:.2f}x, restore {gzip_load / zstd_load:.2f}x")
   return rows
+
+
+def _limit(what: str, kind: str) -> float:
+  """The target GDA / stock throughput of a save or restore of `kind`."""
+  return 0.97 if (what, kind) == ("checkpoint save", ZSTD) else 0.95
 
 
 def main() -> None:
@@ -212,13 +238,13 @@ def targets() -> list[Target]:
   after = "checkpoint restore after the files changed, 256 MiB float32 over 8 devices"
   return [
       *(at_least(f"{what}, 256 MiB over 8 devices, {fmt}: GDA / stock jax.Array (GB/s)",
-                 ratio(f"{what}, 256 MiB float32 over 8 devices, {kind}", ours, base), 0.95,
-                 "{:.2f}x", note)
+                 ratio(f"{what}, 256 MiB float32 over 8 devices, {kind}", ours, base),
+                 _limit(what, kind), "{:.2f}x", note)
         for fmt, kind in formats
         for what, ours, base, note in (
             ("checkpoint save", OURS_SAVE if kind == GZIP else OURS_SAVE_Z, STOCK_SAVE,
-             "" if kind == GZIP else "zstd: after the save, a crc32 pass over every chunk "
-             "file written (the record that makes a damaged chunk an error)"),
+             "" if kind == GZIP else "zstd: the crc32 of every chunk file written (the "
+             "record that makes a damaged chunk an error), taken as each file lands"),
             ("checkpoint restore", OURS_LOAD, STOCK_LOAD, ""))),
       *(at_least(f"checkpoint restore after the files changed, 256 MiB, {fmt}: GDA (chunks "
                  "checked) / stock jax.Array (GB/s)",

@@ -20,8 +20,7 @@ And per-shard callbacks: two `jax_sharding_ext.sharded_callback(fn, x)` (one
 host call per shard, with its index and device) against stock's way to make
 the same per-shard calls, two `io_callback(..., ordered=True)` inside a
 `shard_map` that passes each device's mesh position (with stock's token
-set). Target: `sharded_callback` within 1.2x of the stock
-`shard_map` version.
+set). Target: `sharded_callback` at most 1.0x the stock `shard_map` version.
 
 Each sample times a batch of calls followed by `block_until_ready()` on the
 last result and `jax.effects_barrier()`, so every callback has run. Samples of
@@ -45,6 +44,23 @@ being computed (no wait) made XLA CPU deadlock in this benchmark (the
 all-reduce rendezvous of `x.sum()` waited forever for two devices: devices
 start the next call at different times and the collectives of two calls
 interleave), so the wait stays.
+
+Where the time goes in the per-shard rows (JAX 0.10.2, 8 CPU devices, 2
+cores, a loaded machine; time stamps around the host-callback work, summed
+over the callback threads, per call of the step, i.e. 16 host calls):
+before, each of `sharded_callback`'s host calls went through
+`debug_callback_p.impl`, which `device_put`s its two operands (the shard and
+the device's position) onto the CPU device (~80 us uncontended, measured
+alone; 330-550 us under the load of 8 callback threads on 2 cores) only for
+the callback to turn them back into numpy: ~5-7 ms of `device_put` per call
+summed over the threads, ~3.2 ms wall per call, about what stock pays (its
+`io_callback_impl` `device_put`s three operands per host call, ~1.7 ms
+summed, plus ~0.3 ms placing a fresh token on 8 devices on the main thread).
+Now the lowering emits the per-device host callback itself and hands `fn`
+the numpy arrays the runtime made (its own copies), in the context stock
+gives a debug callback (~3 us): the 16 host calls take ~65 us per call
+together, and a call costs ~0.7-1.6 ms wall (jit's Python path, the wait
+for the previous call's token, XLA's host-callback round trips).
 
 Run: `.venv/bin/python benchmarks/bench_effects.py [--calls 200] [--rounds 15]`
 """
@@ -177,8 +193,8 @@ def run(calls: int = 200, rounds: int = 15) -> list[dict]:
   per_call = {k: v / calls_sharded for k, v in res.items()}
   rows += _common.report("per-shard callbacks, 8 devices, per call", per_call, STOCK_SHARDED)
   ratio = per_call[SHARDED] / per_call[STOCK_SHARDED]
-  print(f"  sharded_callback / stock shard_map io_callback = {ratio:.3f}x  (target <= 1.2x: "
-        f"{'ok' if ratio <= 1.2 else 'MISSED'})")
+  print(f"  sharded_callback / stock shard_map io_callback = {ratio:.3f}x  (target <= 1.0x: "
+        f"{'ok' if ratio <= 1.0 else 'MISSED'})")
   return rows
 
 
@@ -204,7 +220,7 @@ def targets() -> list[Target]:
               "see the docstring of benchmarks/bench_effects.py"),
       at_most("2 sharded_callback / 2 ordered io_callback in shard_map, 8 devices, per call",
               ratio("per-shard callbacks", "sharded_callback x2",
-                    "io_callback x2 in shard_map (ordered)"), 1.2, "{:.2f}x"),
+                    "io_callback x2 in shard_map (ordered)"), 1.0, "{:.2f}x"),
   ]
 
 

@@ -242,8 +242,8 @@ async def async_serialize(arr_inp, tensorstore_spec, commit_future=None, *,
   await _integrity.start_records([spec])
   if commit_future is None:
     regions = _integrity.written_regions(arr)
-    out = await _jax_checkpoint.async_serialize(arr, spec)
-    await _integrity.write_records([regions], [spec], fresh)
+    out, = await _saving.write_and_record(
+        [regions], [_jax_checkpoint.async_serialize(arr, spec)], [spec], fresh)
   else:
     first = len(commit_future)
     out = await _jax_checkpoint.async_serialize(arr, spec, commit_future=commit_future)

@@ -442,6 +442,40 @@ def test_sharded_callback_program_order_per_device(mesh_2d):
   assert [c for kind, _, c, tag in events if kind == "print" and tag == "before"] == [0, 1, 2]
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+def test_sharded_callback_data_kept_after_the_call_stays_that_shards_value(mesh_1d, ordered):
+  """`fn` gets each shard as a numpy array of its own: one kept past the call
+  still holds that call's values after later calls overwrote the shards, and
+  it is read-only (as `numpy.asarray` of a `jax.Array` is)."""
+  x, _ = _put(mesh_1d, P("x"))
+  kept = []
+  lock = threading.Lock()
+
+  def keep(data, index, device):
+    with lock:
+      kept.append((device.id, index, data))
+
+  f = jax.jit(lambda v: (jse.sharded_callback(keep, v, ordered=ordered), v + 1)[1])
+  values = [x]
+  for _ in range(3):
+    values.append(f(values[-1]))
+  jse.effects_barrier()
+  assert len(kept) == 3 * 8
+  by_device: dict = {}
+  for device_id, index, data in kept:
+    assert type(data) is np.ndarray and not data.flags.writeable
+    by_device.setdefault(device_id, []).append((index, data))
+  for shard in x.addressable_shards:
+    seen = by_device[shard.device.id]
+    if ordered:  # program order per device: call k saw values[k]
+      for k, (index, data) in enumerate(seen):
+        assert index == shard.index
+        np.testing.assert_array_equal(data, np.asarray(values[k])[shard.index])
+    else:
+      got = sorted(float(data.sum()) for _, data in seen)
+      assert got == sorted(float(np.asarray(values[k])[shard.index].sum()) for k in range(3))
+
+
 def test_sharded_callback_unordered(mesh_1d):
   x, _ = _put(mesh_1d, P("x"))
   seen, fn = _collector()

@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_sharding_ext import GlobalDeviceArray, serialization
+from jax_sharding_ext._checkpoint import chunkfiles
 
 RECORD = "jax_sharding_ext.chunks.0"
 FORMATS = ["gda_serialization", "stock"]
@@ -266,6 +267,55 @@ def test_the_record_is_a_small_json_file_next_to_the_array(mesh_2d, tmp_path):
     np.testing.assert_array_equal(_restore_stock(mesh_2d, tmp_path / name), data)
     t = ts.open(_spec(tmp_path / name), open=True).result()
     np.testing.assert_array_equal(t.read().result(), data)
+
+
+def _save_awaited(arr, path, **kw):
+  asyncio.run(serialization.async_serialize(arr, _spec(path), **kw))
+
+
+@pytest.mark.parametrize("save", [_save_run, _save_awaited], ids=["run", "async_serialize"])
+def test_each_recorded_crc32_is_the_chunk_files_as_saved_also_if_rewritten_after_landing(
+    mesh_2d, tmp_path, monkeypatch, save):
+  """A save takes the crc32 of each chunk file as it lands, while the others
+  are still written; a chunk written again after that (a new file renamed
+  into place) is recorded as it finally is, so the checkpoint restores as
+  saved. The same over an existing checkpoint (its files replaced)."""
+  gda, data = _gda(mesh_2d, shape=(256, 128))  # one chunk per shard: "0.0" is [0:64, 0:64]
+  again = np.full((64, 64), 7.0, np.float32)
+  want = data.copy()
+  want[:64, :64] = again
+  read, landed = [], []
+  real_crc = chunkfiles._crc_of_file
+
+  def spying_crc(path):
+    read.append(os.path.basename(path))
+    return real_crc(path)
+
+  real_serialize = serialization._jax_checkpoint.async_serialize
+
+  async def write_then_rewrite(arr, spec, *args, **kwargs):
+    out = await real_serialize(arr, spec, *args, **kwargs)
+    for _ in range(2000):  # until its crc32 was taken as it landed (the record is not begun)
+      if "0.0" in read:
+        landed.append("0.0")
+        break
+      await asyncio.sleep(0.005)
+    t = await ts.open(ts.Spec(spec), open=True)
+    await t[:64, :64].write(again)
+    return out
+
+  monkeypatch.setattr(chunkfiles, "_crc_of_file", spying_crc)
+  monkeypatch.setattr(serialization._jax_checkpoint, "async_serialize", write_then_rewrite)
+  for _ in ("fresh", "over the first"):
+    read.clear()
+    landed.clear()
+    save(gda, tmp_path / "w", metadata="stock")
+    assert "0.0" in landed
+    record = json.loads((tmp_path / "w" / RECORD).read_text())
+    assert len(record["chunks"]) == 8
+    for key, crc in record["chunks"].items():
+      assert crc == zlib.crc32((tmp_path / "w" / key).read_bytes()), key
+    np.testing.assert_array_equal(_restore(mesh_2d, tmp_path / "w"), want)
 
 
 def test_checkpoints_of_other_writers_restore_as_before(mesh_2d, tmp_path):

@@ -8,6 +8,12 @@ for a tail only its last bytes are read); another kvstore through
 tensorstore. A chunk checked is remembered with the state of its file
 (inode, size, modification and change times) or its kvstore generation, and
 not read again while that is unchanged.
+
+During a save, `Landing` takes the crc32 of each local chunk file as it
+lands (tensorstore writes a chunk to `<key>.__lock` and renames it into
+place, so a file under its key is whole), while tensorstore still compresses
+and writes the others; the record then uses it if the file's state is still
+the one read.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import concurrent.futures
 import mmap
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorstore as ts
@@ -83,17 +90,25 @@ def _tail_of_file(path: str, n: int) -> tuple[tuple, int]:
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+_watch_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pools_lock = threading.Lock()
+
+
+def _crc_pool() -> concurrent.futures.ThreadPoolExecutor:
+  """The worker threads for crc32 and file reads (they release the GIL). One
+  pool for the process: each save or restore runs its own event loop, and a
+  loop's default pool is started and stopped with it."""
+  global _pool
+  with _pools_lock:
+    if _pool is None:
+      _pool = concurrent.futures.ThreadPoolExecutor(
+          max_workers=min(8, os.cpu_count() or 2), thread_name_prefix="jax_sharding_ext.crc32")
+    return _pool
 
 
 async def _in_thread(fn: Callable, *args: Any) -> Any:
-  """`fn(*args)` on a worker thread (the crc32 and file reads release the GIL).
-  One pool for the process: each save or restore runs its own event loop,
-  and a loop's default pool is started and stopped with it."""
-  global _pool
-  if _pool is None:
-    _pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=min(8, os.cpu_count() or 2), thread_name_prefix="jax_sharding_ext.crc32")
-  return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
+  """`fn(*args)` on a worker thread of `_crc_pool()`."""
+  return await asyncio.get_running_loop().run_in_executor(_crc_pool(), fn, *args)
 
 
 class Directory:
@@ -151,10 +166,12 @@ class Directory:
     found = await (await self.store()).list(ts.KvStore.KeyRange(prefix, prefix + "\x7f"))
     return bool(found)
 
-  async def fingerprint(self, key: str, check: str, known: int | None = None) -> int | None:
+  async def fingerprint(self, key: str, check: str, known: int | None = None,
+                        landed: concurrent.futures.Future | None = None) -> int | None:
     """Chunk `key`'s fingerprint of kind `check` (None if it is missing).
     With `known`, a chunk checked before and unchanged since is not read
-    again."""
+    again; with `landed` (from `Landing.finish()`: a local file's state and
+    crc32, taken as it landed), neither is a file still in that state."""
     tail = 0 if check == CRC32 else int(check[4:])
     cached = checked.get((self.loc.key, key))
     state: Any
@@ -164,7 +181,10 @@ class Directory:
         st = os.stat(path)
         if known is not None and cached == (file_state(st), check, known):
           return known
-        if tail:
+        taken = None if landed is None or tail else await asyncio.wrap_future(landed)
+        if taken is not None and taken[0] == file_state(st):
+          state, fp = taken
+        elif tail:
           state, fp = _tail_of_file(path, tail)
         elif st.st_size <= _INLINE_BYTES:  # costs less here than a trip to a thread
           state, fp = _crc_of_file(path)
@@ -196,6 +216,82 @@ class Directory:
       return os.path.lexists(os.path.join(self.loc.local_dir, key))
     r = await (await self.store()).read(key, byte_range=slice(0, 0))
     return r.state == "value"
+
+
+class Landing:
+  """The crc32 of chunk files as they land in local directories during a
+  save, taken while tensorstore writes the rest.
+
+  `watched` are (directory, key) pairs of chunks the save writes once, whole
+  (a chunk written again is renamed over with a new inode: its state then
+  differs from the one read, and the record reads it again). A file already
+  there when the watch starts is taken only once its state changes. A helper
+  thread polls the keys not landed yet, backing off so that polling costs at
+  most about 5% of a core, and hands each landed file to the crc32 workers;
+  it stops when every key has landed or `finish()` is called. The helper
+  threads outlive the save (starting a thread costs more than a poll).
+  """
+
+  _POLL_S = 0.002
+
+  def __init__(self, watched: Sequence[tuple[str, str]]):
+    self._pending = {(d, k): _state_of(os.path.join(d, k)) for d, k in watched}
+    self._landed: dict[tuple[str, str], concurrent.futures.Future] = {}
+    self._stop = threading.Event()
+    self._watching: concurrent.futures.Future | None = None
+    if self._pending:
+      try:
+        self._watching = _watchers().submit(self._watch)
+      except RuntimeError:  # the interpreter is exiting: the record reads every chunk
+        self._watching = None
+
+  def _watch(self) -> None:
+    while self._pending and not self._stop.is_set():
+      t0 = time.perf_counter()
+      for (d, k), before in list(self._pending.items()):
+        if self._stop.is_set():
+          return
+        path = os.path.join(d, k)
+        if _state_of(path) not in (None, before):
+          try:
+            self._landed[d, k] = _crc_pool().submit(_landed_crc, path)
+          except RuntimeError:  # the interpreter is exiting
+            return
+          del self._pending[d, k]
+      self._stop.wait(max(self._POLL_S, 20 * (time.perf_counter() - t0)))
+
+  def finish(self) -> dict[tuple[str, str], concurrent.futures.Future]:
+    """Stop watching; (directory, key) -> the future (file state, crc32) of
+    each file taken (its result None if it could not be read)."""
+    self._stop.set()
+    if self._watching is not None and not self._watching.cancel():
+      self._watching.result()
+    return dict(self._landed)
+
+
+def _landed_crc(path: str) -> tuple[tuple, int] | None:
+  try:
+    return _crc_of_file(path)
+  except (OSError, ValueError):  # gone, cut short or unreadable: the record reads it
+    return None
+
+
+def _watchers() -> concurrent.futures.ThreadPoolExecutor:
+  """The threads `Landing` polls on: one per save running at a time (a watch
+  waiting for a thread starts late, and so takes fewer files early)."""
+  global _watch_pool
+  with _pools_lock:
+    if _watch_pool is None:
+      _watch_pool = concurrent.futures.ThreadPoolExecutor(
+          max_workers=4, thread_name_prefix="jax_sharding_ext.landing")
+    return _watch_pool
+
+
+def _state_of(path: str) -> tuple | None:
+  try:
+    return file_state(os.stat(path))
+  except OSError:
+    return None
 
 
 def directory_of(spec: Any) -> Directory | None:

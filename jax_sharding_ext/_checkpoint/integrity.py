@@ -206,7 +206,7 @@ def _byte_order(metadata: dict) -> str:
   return ">" if isinstance(dtype, str) and dtype.startswith(">") else "<"
 
 
-def _grid_of_new(spec: Any) -> tuple[Grid | None, str] | None:
+def grid_of_new(spec: Any) -> tuple[Grid | None, str] | None:
   """What `grid_of` would give for the array just created from `spec` at a
   path where nothing was stored (its metadata is the spec's, with
   tensorstore's defaults), without opening it; None where the spec leaves
@@ -240,20 +240,23 @@ def written_regions(arr: jax.Array) -> list[list[tuple[int, int]]]:
 
 
 async def write_records(regions: Sequence[Sequence[Region]], specs: Sequence[Any],
-                        fresh: Sequence[bool] | None = None) -> None:
+                        fresh: Sequence[bool] | None = None,
+                        landed: dict | None = None) -> None:
   """Record the chunks this process wrote of each array (`regions`, from
   `written_regions`; the writes are committed), for the restore to check.
-  `fresh[i]`: nothing was stored at `specs[i]` before this save."""
+  `fresh[i]`: nothing was stored at `specs[i]` before this save. `landed`:
+  the crc32 of chunk files taken as they landed (`Landing.finish()`)."""
   fresh = [False] * len(specs) if fresh is None else fresh
-  await asyncio.gather(*(_write_record(r, s, f)
+  await asyncio.gather(*(_write_record(r, s, f, landed or {})
                          for r, s, f in zip(regions, specs, fresh, strict=True)))
 
 
-async def _write_record(regions: Sequence[Region], spec: Any, fresh: bool) -> None:
+async def _write_record(regions: Sequence[Region], spec: Any, fresh: bool,
+                        landed: dict) -> None:
   directory = directory_of(spec)
   if directory is None:
     return
-  known = _grid_of_new(spec) if fresh else None
+  known = grid_of_new(spec) if fresh else None
   if known is None:  # open the array to see what is stored
     known = grid_of(await ts.open(ts.Spec(spec), open=True, context=TS_CONTEXT))
   grid, dtype = known
@@ -264,8 +267,10 @@ async def _write_record(regions: Sequence[Region], spec: Any, fresh: bool) -> No
   keys = [grid.key(c) for c in cells]
   # A chunk this process alone wrote holds what it wrote: fingerprint it.
   own = [alone or any(grid.inside(c, r) for r in regions) for c in cells]
-  prints = await asyncio.gather(*(directory.fingerprint(k, grid.check) if o else _none()
-                                  for k, o in zip(keys, own, strict=True)))
+  local_dir = directory.loc.local_dir
+  prints = await asyncio.gather(*(
+      directory.fingerprint(k, grid.check, landed=landed.get((local_dir, k))) if o else _none()
+      for k, o in zip(keys, own, strict=True)))
   for key, fp, o in zip(keys, prints, own, strict=True):
     if o and fp is None:
       raise RuntimeError(f"The chunk '{key}' just written to '{directory.loc.text}' is not "

@@ -5,13 +5,22 @@ copies to the host, mark them uncommitted, write every array with stock
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 
-from jax_sharding_ext._checkpoint import checks, integrity, locations, markers, running
+from jax_sharding_ext._checkpoint import (
+    checks,
+    chunkfiles,
+    integrity,
+    locations,
+    markers,
+    running,
+)
 from jax_sharding_ext._jax import checkpoint as jax_checkpoint
 from jax_sharding_ext._jax import transfer as jax_transfer
 from jax_sharding_ext._transfers.guard import D2D, D2H
@@ -60,11 +69,60 @@ async def save(fn: str, arrs: Sequence[jax.Array], specs: Sequence[dict], choice
   committed."""
   stores, fresh = await prepare(fn, arrs, specs, choice)
   regions = [integrity.written_regions(a) for a in arrs]
-  await asyncio.gather(*(jax_checkpoint.async_serialize(a, s)
-                         for a, s in zip(arrs, specs, strict=True)))
-  await integrity.write_records(regions, specs, fresh)
+  await write_and_record(regions, [jax_checkpoint.async_serialize(a, s)
+                                   for a, s in zip(arrs, specs, strict=True)], specs, fresh)
   if commit:
     await markers.mark(stores, False)
+
+
+async def write_and_record(regions: Sequence[Sequence[integrity.Region]], writes: Sequence[Any],
+                           specs: Sequence[dict], fresh: Sequence[bool]) -> list:
+  """Await `writes` (stock's writes of the arrays at `specs`, which write
+  `regions`), then record their chunks (`integrity.write_records`); return
+  the writes' results.
+
+  The crc32 of each chunk file is taken as the file lands (`watch_writes`),
+  while tensorstore still compresses and writes the others: the pass over
+  every chunk written after the writes is then left with the last ones only.
+  """
+  landing = watch_writes(regions, specs)
+  try:
+    out = await asyncio.gather(*writes)
+  finally:
+    landed = landing.finish()
+  await integrity.write_records(regions, specs, fresh, landed)
+  return out
+
+
+def watch_writes(regions: Sequence[Sequence[integrity.Region]],
+                 specs: Sequence[dict]) -> chunkfiles.Landing:
+  """Start taking the crc32 of the chunk files of `specs` that this save
+  writes once, whole (inside one written region), as they land: for local
+  directories, where the spec gives the chunk grid and chunks are
+  fingerprinted by crc32 (a codec's tail costs nothing to read)."""
+  watched: list[tuple[str, str]] = []
+  for spec_regions, spec in zip(regions, specs, strict=True):
+    directory = chunkfiles.directory_of(spec)
+    try:
+      known = integrity.grid_of_new(spec)
+    except (TypeError, ValueError, KeyError):  # the write itself reports what is wrong
+      continue
+    if (directory is None or directory.loc.local_dir is None or known is None
+        or known[0] is None or known[0].check != chunkfiles.CRC32):
+      continue
+    grid = known[0]
+    keys = collections.Counter(grid.key(c) for r in spec_regions for c in _cells_inside(grid, r))
+    # A chunk inside two regions (overlapping ones) may be written twice.
+    watched += [(directory.loc.local_dir, k) for k, n in keys.items() if n == 1]
+  return chunkfiles.Landing(watched)
+
+
+def _cells_inside(grid: integrity.Grid, region: integrity.Region) -> Iterator[tuple[int, ...]]:
+  """The chunks (grid positions) that lie wholly inside `region` (as
+  `Grid.inside`; a chunk at the array's end ends there)."""
+  spans = [range(-(-lo // c), -(-n // c) if hi >= n else hi // c)
+           for (lo, hi), c, n in zip(region, grid.chunk, grid.shape, strict=True)]
+  return itertools.product(*spans)
 
 
 class RecordsAfter:

@@ -12,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jax_sharding_ext._effects.sharded_callback import ShardedCallback, lower_sharded_callback
+from jax_sharding_ext._effects.sharded_callback import (
+    LocalShardCallback,
+    ShardedCallback,
+    lower_sharded_callback,
+)
 from jax_sharding_ext._jax import effects as jax_effects
 from jax_sharding_ext._jax import frames as jax_frames
 
@@ -70,10 +74,17 @@ def _make_lowering(prim: Any, effect_of: Callable[[dict], Any]):
 
   def make_rule(prev_rule):
     def rule(ctx, *args, **params):
-      if isinstance(params.get("callback"), ShardedCallback):
+      callback = params.get("callback")
+      if isinstance(callback, ShardedCallback):
         return lower_sharded_callback(ctx, *args, **params)
       effect = effect_of(params)
       kind = jax_effects.axis_context_kind(ctx)
+      if isinstance(callback, LocalShardCallback) and kind == "manual":
+        # `sharded_callback`'s per-device callback (in the `shard_map` it
+        # lowers to): numpy operands straight to it, no `device_put`.
+        return jax_effects.emit_host_callback(
+            ctx, callback.host_call, args, effect,
+            sharding=jax_effects.callback_op_sharding(ctx))
       if not jax_effects.is_ordered_effect(effect) or kind in ("single", "other"):
         return prev_rule(ctx, *args, **params)
       if kind in ("partial", "nested"):

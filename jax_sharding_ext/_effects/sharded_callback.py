@@ -51,10 +51,17 @@ class ShardedCallback:
         "argument are not known. Wrap the function in `jax.jit`.")
 
 
-class _LocalShardCallback:
+class LocalShardCallback:
   """The per-device host callback: maps the device's flat position in the mesh
   (one scalar operand, computed on the device) to (index, device), both
-  looked up once at lowering time."""
+  looked up once at lowering time.
+
+  The lowering rule (`lowering.py`) calls it straight from the host callback
+  with the numpy arrays the runtime made (`host_call`), in a debug callback's
+  context: not through `debug_callback_p.impl`, whose `device_put` of every
+  operand onto the CPU device (to hand `jax.debug.callback` arrays) would cost
+  more than the rest of the call, only for `fn` to get numpy data back.
+  """
 
   def __init__(self, fn: Callable[..., Any], mesh: Mesh, spec: PartitionSpec,
                shape: tuple[int, ...]):
@@ -64,7 +71,17 @@ class _LocalShardCallback:
 
   def __call__(self, data, position):
     index, device = self.shards[int(position)]
-    self.fn(np.asarray(data), index, device)
+    if type(data) is not np.ndarray:
+      data = np.asarray(data)  # a `jax.Array` (through `debug_callback_p.impl`)
+    elif not data.flags.owndata:
+      # A view of memory the runtime may reuse after the call (the runtime
+      # hands over its own copies; keep that promise if it ever stops).
+      data = data.copy()
+      data.flags.writeable = False
+    self.fn(data, index, device)
+
+  def host_call(self, data, position) -> None:
+    jax_effects.call_like_debug_callback(self, data, position)
 
 
 def _mesh_of(devices, names) -> Mesh:
@@ -132,7 +149,7 @@ def lower_sharded_callback(ctx, x, *, callback, effect, partitioned):
         "lowered without devices).")
   aval = ctx.avals_in[0]
   mesh, spec = _resolve_mesh_and_spec(ctx, x, callback, device_assignment, aval)
-  local = _LocalShardCallback(callback.fn, mesh, spec, aval.shape)
+  local = LocalShardCallback(callback.fn, mesh, spec, aval.shape)
 
   def body(x_local):
     position = 0  # row-major flat index of this device in `mesh.devices`

@@ -6,7 +6,8 @@ Touches: `jax._src.effects` (effect-type sets), `jax._src.debugging`
 (`emit_python_callback`), `jax._src.dispatch`
 (`prim_requires_devices_during_lowering`),
 `jax._src.sharding_impls`, `jax._src.interpreters.mlir` (lowering rules,
-contexts), MLIR `func` / `sdy` dialects. Checked against JAX 0.10.2
+contexts), `jax._src.config` / `mesh` / `xla_bridge` (a debug callback's
+context), MLIR `func` / `sdy` dialects. Checked against JAX 0.10.2
 (Python 3.11) and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the keyword arguments of
@@ -16,6 +17,7 @@ What breaks first when JAX changes: the keyword arguments of
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,10 +36,13 @@ import jax
 # ---------------------------------------------------------------------------
 import numpy as _fx_np
 from jax._src import callback as _fx_callback
+from jax._src import config as _fx_config
 from jax._src import debugging as _fx_debugging
 from jax._src import dispatch as _fx_dispatch
 from jax._src import effects as _fx_effects
+from jax._src import mesh as _fx_mesh
 from jax._src import sharding_impls as _fx_sharding_impls
+from jax._src import xla_bridge as _fx_xla_bridge
 from jax._src.interpreters import mlir as _fx_mlir
 from jax._src.lib import xla_client as _fx_xc
 from jax._src.lib.mlir import ir as _fx_ir
@@ -245,6 +250,51 @@ def emit_ordered_callback(ctx, callback: Callable[..., Any], args: Sequence[Any]
       sharding=sharding)
   ctx.set_tokens_out(ctx.tokens_in.update_tokens(_fx_mlir.TokenSet({effect: token})))
   return result
+
+
+def emit_host_callback(ctx, callback: Callable[..., Any], args: Sequence[Any],
+                       effect: Any, *, sharding: Any):
+  """Emit a side-effecting host callback that takes numpy arrays as they come.
+
+  For an ordered `effect` as `emit_ordered_callback`; for an unordered one
+  with no token, as stock `debug_callback` emits it. `callback` gets the
+  operands as the numpy arrays the host-callback runtime made (its own
+  copies, read-only: jaxlib 0.10.2 and 0.12.x) and returns nothing; call it
+  through `call_like_debug_callback` for the debug callback's context.
+  """
+  def host(*flat_args):
+    callback(*flat_args)
+    return ()
+
+  if is_ordered_effect(effect):
+    return emit_ordered_callback(ctx, host, args, effect, sharding=sharding)
+  # `returns_token=True` as stock's unordered debug callback: on TPU the
+  # callback's completion is then received back (no token to thread here).
+  result, _, _ = _fx_callback.emit_python_callback(
+      ctx, host, None, list(args), ctx.avals_in, ctx.avals_out,
+      has_side_effect=True, returns_token=True, sharding=sharding)
+  return result
+
+
+def call_like_debug_callback(fn: Callable[..., Any], *args: Any) -> None:
+  """`fn(*args)` in the context stock `debug_callback_impl` gives a debug
+  callback (default device: the CPU; no concrete or abstract mesh), logging
+  a failure as it does, without its `device_put` of the arguments: `args`
+  stay the host callback's numpy arrays, so no CPU backend is needed (without
+  one the default device is left as it is). (Same in jax 0.10.2 and 0.12.x.)
+  """
+  try:
+    on_cpu: Any = _fx_config.default_device(_fx_xla_bridge.local_devices(backend="cpu")[0])
+  except RuntimeError:  # no CPU backend (e.g. JAX_PLATFORMS=tpu)
+    on_cpu = contextlib.nullcontext()
+  with (on_cpu,
+        _fx_sharding_impls._internal_use_concrete_mesh(_fx_mesh.empty_concrete_mesh),
+        _fx_mesh.use_abstract_mesh(_fx_mesh.empty_abstract_mesh)):
+    try:
+      fn(*args)
+    except BaseException:
+      _fx_debugging.logger.exception("jax.debug.callback failed")
+      raise
 
 
 def lower_fun_multiple_results(fun: Callable[..., Any]) -> Callable[..., Any]:
