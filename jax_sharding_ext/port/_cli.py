@@ -273,8 +273,9 @@ def _notebook_file(run: _Run, shown: str, path: str, raw: bytes) -> None:
 def _frozen() -> Iterator[None]:
   """What the process made before the files (JAX, this package) is left out of
   the collections after each file (`gc.freeze`), and put back at the end: a
-  caller of `main` keeps its collector as it was. Where the caller froze
-  objects itself, its freeze is left alone."""
+  caller of `main` keeps its collector as it was. Where objects are frozen
+  already (by the caller, or by Python 3.12 itself at start), that freeze is
+  left alone and nothing more is frozen."""
   own = gc.get_freeze_count() == 0
   if own:
     gc.freeze()
