@@ -812,6 +812,15 @@ class DamagedCheckpoint:
   values: str = "random"
   check_first: bool = True
   seed: int = 0
+  notebook: bool = False
+  x64: bool = False
+  guard: str = "allow"
+
+
+CHECKPOINT_GUARDS = ("allow", "disallow", "log_explicit", "disallow_explicit",
+                     "host_to_device:disallow_explicit", "device_to_device:disallow_explicit")
+"""A transfer guard around a probe save and restore (`level` for every
+direction, or `direction:level`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -888,11 +897,26 @@ def damaged_checkpoints(draw, places: tuple[str, ...] = ("absolute",),
   arrays = draw(_saved_arrays())
   first = draw(checkpoint_damages(kinds))
   more = tuple(draw(st.lists(checkpoint_damages(CHECKPOINT_CHUNK_DAMAGE), max_size=1)))
+  # The package's own calls (not orbax's) in a notebook cell (inside a
+  # running event loop), under `jax.enable_x64` with 64-bit arrays, and a
+  # transfer guard around a probe save and restore.
+  notebook = x64 = False
+  guard = "allow"
+  if family == "serialization":
+    notebook, x64 = draw(st.booleans()), draw(st.booleans())
+    guard = draw(st.sampled_from(CHECKPOINT_GUARDS))
+    if x64:
+      arrays = tuple(dataclasses.replace(a, dtype=_WIDE.get(a.dtype, a.dtype))
+                     if draw(st.booleans()) else a for a in arrays)
   return DamagedCheckpoint(
       fmt, arrays, draw(st.integers(1, 3)), draw(st.sampled_from(CHECKPOINT_SAVES[family])),
       draw(st.sampled_from(places)), (first, *more), draw(st.sampled_from(CHECKPOINT_RESTORES)),
       draw(st.sampled_from(CHECKPOINT_TARGETS)), draw(st.sampled_from(CHECKPOINT_VALUES)),
-      draw(st.booleans()), draw(st.integers(0, 2**16)))
+      draw(st.booleans()), draw(st.integers(0, 2**16)), notebook, x64, guard)
+
+
+_WIDE = {"float32": "float64", "bfloat16": "float64", "float16": "float64", "int32": "int64",
+         "int8": "int64", "uint8": "int64"}
 
 
 @st.composite
@@ -1087,3 +1111,66 @@ def port_snippets(draw) -> PortSnippet:
   parts += draw(st.permutations(body))
   return PortSnippet(tuple(parts), tuple(meshes), tuple(others),
                      draw(st.sampled_from(("\n", "\r\n"))), draw(st.booleans()))
+
+
+# ---------------------------------------------------------------------------
+# Thread-local settings (`test_fuzz_thread_settings.py`): the caller's JAX
+# settings, and the package's calls that run work on a thread of their own.
+# ---------------------------------------------------------------------------
+
+GUARD_LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
+
+THREAD_SETTING_KINDS = ("guard", "guard_host_to_device", "guard_device_to_device",
+                        "guard_device_to_host", "x64", "promotion", "default_device",
+                        "set_mesh", "with_mesh", "output_gda")
+"""A setting as the user makes it: a transfer guard (all directions or one),
+`jax.enable_x64`, `jax.numpy_dtype_promotion`, `jax.default_device`,
+`jax.set_mesh`, `with mesh:`, and the package's output flag."""
+
+THREAD_ENTRIES = ("run_serialization", "run_deserialization_mesh",
+                  "run_deserialization_sharding", "manager_serialize", "manager_deserialize",
+                  "async_serialize", "async_deserialize")
+"""The checkpoint calls: inside a running event loop the synchronous ones
+run their work on a helper thread; the `async_` ones run in the caller's loop."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadSettingsCase:
+  """`entry` called under `settings` (each `(kind, value, scope)`, scope
+  "local" for the context manager on the calling thread, "global" for
+  `jax.config.update`), for an array saved as `dtype` (under x64 for the
+  64-bit ones) on `mesh` with `spec`."""
+
+  entry: str
+  settings: tuple[tuple[str, object, str], ...]
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  dtype: str
+
+
+_GLOBAL_KINDS = ("guard", "guard_host_to_device", "guard_device_to_device",
+                 "guard_device_to_host", "x64", "promotion", "default_device", "output_gda")
+
+
+@st.composite
+def thread_settings_cases(draw) -> ThreadSettingsCase:
+  mesh, spec, shape, _ = draw(sharded_arrays(max_rank=2))
+  settings = []
+  for kind in draw(st.lists(st.sampled_from(THREAD_SETTING_KINDS), min_size=1, max_size=4,
+                            unique=True)):
+    if kind.startswith("guard"):
+      value: object = draw(st.sampled_from(GUARD_LEVELS))
+    elif kind in ("x64", "output_gda"):
+      value = draw(st.booleans())
+    elif kind == "promotion":
+      value = draw(st.sampled_from(("standard", "strict")))
+    elif kind == "default_device":
+      value = draw(st.integers(0, N_DEVICES - 1))
+    else:
+      value = draw(meshes(max_rank=2))
+    scope = "global" if kind in _GLOBAL_KINDS and draw(st.integers(0, 3)) == 0 else "local"
+    settings.append((kind, value, scope))
+  dtype = draw(st.sampled_from(("float32", "float64", "int64", "int32", "bfloat16")))
+  return ThreadSettingsCase(draw(st.sampled_from(THREAD_ENTRIES)), tuple(settings), mesh, spec,
+                            shape, dtype)

@@ -173,6 +173,16 @@ class Book:
       return self.root / "manager" / str(step) / "default"
     return self.step_dir(step) / "ckpt"
 
+  def call(self, fn):
+    """`fn()`, a synchronous call of the package, made as the example's user
+    makes it: in a notebook cell (inside a running event loop), or not."""
+    if not getattr(self.ex, "notebook", False):
+      return fn()
+
+    async def cell():
+      return fn()
+    return asyncio.run(cell())
+
   def enter(self, step: int) -> None:
     """Make the spelling of `step` mean that step (chdir / re-point `latest`)."""
     place = getattr(self.ex, "place", "absolute")
@@ -227,11 +237,11 @@ class Book:
     kw = {"metadata": "stock"} if self.ex.format == "stock" else {}
     how = self.ex.save
     if how == "run":
-      serialization.run_serialization(gdas, specs, **kw)
+      self.call(lambda: serialization.run_serialization(gdas, specs, **kw))
     elif how == "manager":
       manager = serialization.GlobalAsyncCheckpointManager()
-      manager.serialize(gdas, specs, on_commit_callback=lambda: None, **kw)
-      manager.wait_until_finished()
+      self.call(lambda: manager.serialize(gdas, specs, on_commit_callback=lambda: None, **kw))
+      self.call(manager.wait_until_finished)
     elif how == "async":
       for g, s in zip(gdas, specs, strict=True):
         asyncio.run(serialization.async_serialize(g, s, **kw))
@@ -300,13 +310,15 @@ class Book:
     mesh, axes = self.target(i)
     how = self.ex.restore
     if how == "run_mesh":
-      out = serialization.run_deserialization([mesh], [axes], [spec])[0]
+      out = self.call(lambda: serialization.run_deserialization([mesh], [axes], [spec])[0])
     elif how == "run_sharding":
-      out = serialization.run_deserialization([NamedSharding(mesh, axes)], [spec])[0]
+      out = self.call(lambda: serialization.run_deserialization([NamedSharding(mesh, axes)],
+                                                                [spec])[0])
     elif how == "async":
       out = asyncio.run(serialization.async_deserialize(mesh, axes, spec))
     else:
-      out = serialization.GlobalAsyncCheckpointManager().deserialize([mesh], [axes], [spec])[0]
+      out = self.call(lambda: serialization.GlobalAsyncCheckpointManager().deserialize(
+          [mesh], [axes], [spec])[0])
     return np.asarray(out)
 
   def _restore_orbax(self, step: int, path: str | None) -> list:
@@ -578,11 +590,71 @@ def _differences(got: Any, want: Any) -> str:
 
 def check_damaged_checkpoint(ex: DamagedCheckpoint) -> list[str]:
   """An undamaged step restores exactly; after the damage every step
-  restores exactly or raises (an uncommitted one raises). Returns what was
-  damaged and how each restore ended."""
+  restores exactly or raises (an uncommitted one raises). Under a transfer
+  guard a save or restore is refused exactly where the guard refuses its
+  transfers. All of it the same in a notebook cell and under
+  `jax.enable_x64` (64-bit arrays stay 64-bit). Returns what was damaged and
+  how each restore ended."""
+  import jax
+  with jax.enable_x64(getattr(ex, "x64", False)):
+    return _check_damaged_checkpoint(ex)
+
+
+# How a guard judges a save and a restore on CPU: a save copies each shard
+# from its device to pinned host memory (device_to_device for the guard), a
+# restore places host data (host_to_device); both are explicit.
+_REFUSES_SAVE = {"disallow_explicit", "device_to_device:disallow_explicit"}
+_REFUSES_RESTORE = {"disallow_explicit", "host_to_device:disallow_explicit"}
+
+
+def _guard(level: str):
+  import jax
+  direction, _, level = level.rpartition(":")
+  return getattr(jax, f"transfer_guard_{direction}" if direction else "transfer_guard")(level)
+
+
+def _check_guard(book: Book) -> None:
+  """A save and a restore under the example's guard: refused (raising the
+  guard's error, writing nothing) or done exactly, as the guard says."""
+  import numpy as np
+
+  from jax_sharding_ext import serialization
+  ex = book.ex
+  if ex.guard == "allow" or book.family != "serialization":
+    return
+  a, host = ex.arrays[0], book.values[0, 0]
+  target = book.root / "guarded"
+  spec = book.spec(str(target), 0)
+  gda = _gda(a, host)
+  for what, call, refused in (
+      ("save", lambda: book.call(lambda: serialization.run_serialization([gda], [spec])),
+       ex.guard in _REFUSES_SAVE),
+      ("restore", lambda: book.restore(0, 0), ex.guard in _REFUSES_RESTORE)):
+    with _guard(ex.guard):
+      kind, got = _outcome(call)
+    if refused and (kind == "ok" or "Disallowed" not in got):
+      raise AssertionError(f"the {what} under the guard {ex.guard!r} was not refused by it: "
+                           f"{'it ran' if kind == 'ok' else got}")
+    if not refused and kind != "ok":
+      raise AssertionError(f"the {what} under the guard {ex.guard!r} failed: {got}")
+    if what == "restore" and kind == "ok" and not _same(got, host):
+      raise AssertionError(f"restored under the guard {ex.guard!r}: {_differences(got, host)}")
+  if ex.guard in _REFUSES_SAVE:
+    written = [f for f in _files(target) if _is_chunk(book.family, f)]
+    if written:
+      raise AssertionError(f"the refused save wrote {written}")
+  else:
+    back = serialization.run_deserialization([a.mesh.build()], [()], [_readable(spec)])[0]
+    if not _same(np.asarray(back), host):
+      raise AssertionError(f"saved under the guard {ex.guard!r}: "
+                           f"{_differences(np.asarray(back), host)}")
+
+
+def _check_damaged_checkpoint(ex: DamagedCheckpoint) -> list[str]:
   with tempfile.TemporaryDirectory(prefix="jse-fuzz-") as tmp, _kept_cwd():
     book = Book(ex, pathlib.Path(tmp))
     book.save_all()
+    _check_guard(book)
     if ex.check_first:
       for step in range(ex.steps):
         for i in range(len(ex.arrays)):

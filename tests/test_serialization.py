@@ -203,6 +203,61 @@ def test_run_functions_work_inside_a_running_event_loop(mesh_2d, tmp_path):
     np.testing.assert_array_equal(np.asarray(out), data)
 
 
+@pytest.mark.parametrize("in_loop", [False, True], ids=["script", "inside an event loop"])
+def test_the_transfer_guard_judges_checkpoint_calls_inside_an_event_loop_too(
+    in_loop, mesh_2d, tmp_path):
+  """Inside a running event loop (a notebook cell) the synchronous calls run
+  their work on a helper thread; the caller's guard still refuses them (on
+  CPU a save copies each shard device to pinned host, device_to_device for
+  the guard; a restore places host data, host_to_device; both explicit)."""
+  gda, _ = _gda(mesh_2d, P("x"))
+  serialization.run_serialization([gda], [_spec(tmp_path, "saved")])
+  manager = serialization.GlobalAsyncCheckpointManager()
+  calls = {  # name: (call, the path a save would write)
+      "run_serialization": (
+          lambda: serialization.run_serialization([gda], [_spec(tmp_path, "a")]), "a"),
+      "manager.serialize": (lambda: manager.serialize(
+          [gda], [_spec(tmp_path, "b")], on_commit_callback=lambda: None), "b"),
+      "run_deserialization": (lambda: serialization.run_deserialization(
+          [mesh_2d], [P("x")], [_spec(tmp_path, "saved")]), None),
+      "manager.deserialize": (lambda: manager.deserialize(
+          [NamedSharding(mesh_2d, P("x"))], [_spec(tmp_path, "saved")]), None),
+  }
+
+  def guarded(call):
+    with jax.transfer_guard("disallow_explicit"):
+      call()
+
+  async def cell(call):
+    guarded(call)
+
+  for name, (call, written) in calls.items():
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed"):
+      asyncio.run(cell(call)) if in_loop else guarded(call)
+    assert written is None or not (tmp_path / written).exists(), name
+  manager.wait_until_finished()
+
+
+def test_a_float64_checkpoint_restores_as_float64_under_enable_x64_inside_an_event_loop(
+    mesh_2d, tmp_path):
+  """`jax.enable_x64` on the calling thread reaches the helper thread that
+  restores inside an event loop: float64 stays float64, as outside a loop."""
+  data = np.arange(16, dtype=np.float64).reshape(8, 2) / 3
+  with jax.enable_x64(True):
+    gda = GlobalDeviceArray.from_callback(data.shape, mesh_2d, P("x"), lambda i: data[i])
+    serialization.run_serialization([gda], [_spec(tmp_path, "w")])
+
+  async def cell():
+    with jax.enable_x64(True):
+      return (serialization.run_deserialization([mesh_2d], [P("x")], [_spec(tmp_path, "w")])[0],
+              serialization.GlobalAsyncCheckpointManager().deserialize(
+                  [NamedSharding(mesh_2d, P("x"))], [_spec(tmp_path, "w")])[0])
+  for out in asyncio.run(cell()):
+    assert out.dtype == np.float64, out.dtype
+    with jax.enable_x64(True):
+      np.testing.assert_array_equal(np.asarray(out), data)
+
+
 # -- the manager ------------------------------------------------------------------
 
 
