@@ -3,7 +3,8 @@
 Touches: `jax._src.config` (`bool_state`, `config_states`, absl flags, the
 thread-local values of every option and context), `jax._src.lib.guard_lib`
 (the explicit device_put thread state), `jax._src.xla_bridge` (`_backends`),
-`jax._src.mesh` (the `with mesh:` stack). Checked against JAX 0.10.2
+`jax._src.mesh` (the `with mesh:` stack; `jax.set_mesh`'s contexts since
+jax 0.12). Checked against JAX 0.10.2
 (Python 3.11) and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: `config.bool_state`'s keywords (flag
@@ -94,7 +95,9 @@ def context_mesh() -> Any:
 # Every JAX option (`config_states`: `enable_x64`, `numpy_dtype_promotion`,
 # `default_device`, the transfer guards, this package's output flag, ...) and
 # every context JAX keeps beside them (`config_ext.Config` objects of
-# `jax._src.config`: `jax.set_mesh`'s meshes, `compute_on`, ...) holds a
+# `jax._src.config` and `jax._src.mesh`: `jax.set_mesh`'s meshes, which
+# moved from the first to the second in jax 0.12, `compute_on`, ...; not the
+# tracing state of `jax._src.core`, which belongs to a trace) holds a
 # value per thread over its global one: `get_local()` reads it
 # (`config_ext.unset` when the thread set none), `swap_local` / `set_local`
 # set it, as JAX's own context managers do. Some options also mirror it into
@@ -119,7 +122,8 @@ def _thread_configs() -> list[Any]:
   """Every option and context with a per-thread value, each once (options
   defined after import, like this package's own, included)."""
   found: dict[int, Any] = {}
-  for value in (*_config.config_states.values(), *vars(_config).values()):
+  for value in (*_config.config_states.values(), *vars(_config).values(),
+                *vars(_mesh).values()):
     if isinstance(value, _config.UserConfig):
       value = value._obj
     if isinstance(value, _config.config_ext.Config):
