@@ -228,8 +228,12 @@ def sharing_programs(draw) -> SharingProgram:
 
 RACING_USES = ("new_jit", "warm_jit", "jnp", "grad", "pjit", "output_flag", "ordered_print",
                "device_put", "fetch", "checkpoint", "shard_map_print", "sharded_callback",
-               "ledger")
-"""The uses of a GDA a worker thread repeats while the package is swapped."""
+               "ledger", "flag_warm_jit", "flag_aot", "flag_aot_compile", "warm_ordered_print")
+"""The uses of a GDA a worker thread repeats while the package is swapped;
+the `flag_` ones call with a plain `jax.Array` under the output flag: a warm
+jit, an AOT `Compiled` made under the flag before the race, and one compiled
+under the flag by the call itself; `warm_ordered_print` calls a warm jit with
+an ordered print over 8 devices with a plain `jax.Array`."""
 
 
 @dataclasses.dataclass(frozen=True)
