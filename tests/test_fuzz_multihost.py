@@ -44,7 +44,16 @@ import numpy as np
 import pytest
 from _fuzz import FUZZ, LOG, budget, save_found
 from hypothesis import given
-from strategies import MH_LOCAL_DEVICES, MH_PROCESSES, MhCase, MhChange, MhLeaf, mh_cases
+from strategies import (
+  MH_LOCAL_DEVICES,
+  MH_MESHES,
+  MH_PROCESSES,
+  MH_SPECS,
+  MhCase,
+  MhChange,
+  MhLeaf,
+  mh_cases,
+)
 
 pytestmark = pytest.mark.fuzz
 
@@ -641,6 +650,28 @@ def _report(failing) -> str:
 BATCH = 80
 
 
+def sweep() -> list[MhCase]:
+  """Cases a batch of random ones reaches rarely: each conversion with a GDA
+  leaf over every mesh and spec (the conversion of a GDA spanning processes
+  with `None` specs onto this process's devices was one in 1,600), and
+  collectives on trees that differ between processes only where their
+  descriptions keep their length (a shape's dimensions swapped, float32 for
+  float64, one element)."""
+  leaf = MhLeaf("gda", "float32", (8, 4))
+  cases = [MhCase(op, ("dict", (("a", leaf),)), mesh=mesh, pspecs=spec)
+           for op in ("host_local_array_to_global_array", "global_array_to_host_local_array")
+           for mesh in MH_MESHES for spec in MH_SPECS]
+  tree = ("dict", (("a", MhLeaf("numpy", "float32", (2, 3))),
+                   ("b", MhLeaf("jax", "float32", (4,)))))
+  for op in ("assert_equal", "process_allgather", "broadcast_one_to_all"):
+    for change in (MhChange(1, "shape", (0,), (3, 2)), MhChange(1, "dtype", (0,), "float64"),
+                   MhChange(1, "dtype", (1,), "float64"), MhChange(0, "value", (1,), 2)):
+      if op != "assert_equal" and change.kind == "value":
+        continue  # the others take differing values
+      cases.append(MhCase(op, tree, (change,)))
+  return cases
+
+
 def _draw(n: int) -> list[MhCase]:
   batch: list[MhCase] = []
 
@@ -658,7 +689,7 @@ def test_multihost_helpers_agree_or_every_process_raises_clearly():
   gathered / broadcast values; otherwise every process raises the same
   clear error naming the path or argument (or stock's own ValueError /
   TypeError); never a hang, a crash or a bare XLA error."""
-  batch = _draw(BATCH)
+  batch = _draw(BATCH) + sweep()
   failing = sorted(((c, e) for c, e in run_cases(batch) if e), key=lambda ce: len(repr(ce[0])))
   if not failing:
     return

@@ -27,6 +27,24 @@ def none_as_replicated(pspecs: Any) -> Any:
                                 pspecs, is_leaf=lambda x: x is None)
 
 
+def has_none(pspecs: Any) -> bool:
+  """Whether `pspecs` has a `None` (which `none_as_replicated` replaces)."""
+  return any(s is None for s in jax.tree_util.tree_leaves(pspecs, is_leaf=lambda x: x is None))
+
+
+def none_not_replicable(fn: str, global_mesh: Any, error: BaseException) -> ValueError:
+  """The error for a `None` spec (replicated) that stock cannot honour: an
+  input spanning other processes that is not already replicated over
+  `global_mesh` (stock raises `NotImplementedError` for `PartitionSpec()`
+  there, and a `ValueError` for any `None`)."""
+  return ValueError(
+      f"`{fn}`: `None` is not a valid input to the pspecs argument for an input that spans "
+      "other processes' devices and is not replicated over `global_mesh` "
+      f"{dict(global_mesh.shape)}: a `None` spec means replicated (`PartitionSpec()`), as in "
+      f"GDA-era pjit, and JAX cannot reshard such an input ({error}). Give the input's own "
+      "`PartitionSpec` over its mesh in `pspecs`.")
+
+
 def checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
   """Check `fn`'s arguments, naming the one that is wrong (stock fails on
   them with an `AttributeError`, an `IndexError` or an exception of its own
