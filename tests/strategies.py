@@ -1178,3 +1178,77 @@ def thread_settings_cases(draw) -> ThreadSettingsCase:
   dtype = draw(st.sampled_from(("float32", "float64", "int64", "int32", "bfloat16")))
   return ThreadSettingsCase(draw(st.sampled_from(THREAD_ENTRIES)), tuple(settings), mesh, spec,
                             shape, dtype)
+
+
+# ---------------------------------------------------------------------------
+# Shard math against stock (`test_fuzz_shard_math.py`).
+# ---------------------------------------------------------------------------
+
+SHARD_MATH_FORMS = ("P", "list", "tuple")
+SHARD_MATH_SOURCES = ("from_callback", "from_jax_array", "jit_output", "constructor")
+"""How the GDA of a case is made: the data callback, a view of stock's array,
+an output of `jax.jit` under the output flag, the constructor over stock's
+shards."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardMathCase:
+  """A mesh, mesh axes (`spec`, entries None / a name / a tuple of names in
+  any order, maybe trailing Nones beyond the rank), written as `form`, and a
+  shape that they may not divide (`uneven`)."""
+
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  form: str = "P"
+  source: str = "from_callback"
+  uneven: bool = False
+
+
+@st.composite
+def _multi_axis_meshes(draw) -> MeshSpec:
+  """Meshes of 2 or 3 axes, mostly of sizes above 1 (where the order of the
+  axes a dimension is split over shows), sometimes any `meshes()`."""
+  if draw(st.integers(0, 3)) == 0:
+    return draw(meshes())
+  n = draw(st.sampled_from((8, 8, 4)))
+  rank = draw(st.sampled_from((2, 2, 3))) if n == 8 else 2
+  shape = draw(st.sampled_from([f for f in _factorisations(n, rank) if 1 not in f]))
+  ids = draw(st.permutations(range(N_DEVICES)))[:n]
+  if draw(st.booleans()):
+    ids = sorted(ids)
+  return MeshSpec(shape, tuple("xyzw"[:rank]), tuple(ids))
+
+
+@st.composite
+def shard_math_cases(draw) -> ShardMathCase:
+  mesh = draw(_multi_axis_meshes())
+  size = dict(zip(mesh.names, mesh.shape, strict=True))
+  rank = draw(st.integers(0, 3))
+  free = list(draw(st.permutations(mesh.names)))
+  spec: list = []
+  for _ in range(draw(st.integers(0, rank))):
+    kind = draw(st.sampled_from(("none", "one", "many", "many")))
+    if kind == "none" or not free:
+      spec.append(None)
+    elif kind == "one" or len(free) < 2:
+      spec.append(free.pop())
+    else:
+      k = draw(st.integers(2, len(free)))
+      spec.append(tuple(free[:k]))  # in any order: the first name is the major one
+      del free[:k]
+  shape = []
+  uneven = False
+  for d in range(rank):
+    entry = spec[d] if d < len(spec) else None
+    names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+    parts = 1
+    for n in names:
+      parts *= size[n]
+    k = draw(st.sampled_from((1, 1, 2, 3, 0)))
+    extra = draw(st.sampled_from((0,) * 9 + (1,))) if parts > 1 else 0
+    uneven = uneven or extra > 0
+    shape.append(parts * k + extra)
+  spec += [None] * draw(st.sampled_from((0, 0, 0, 1, 2)))  # trailing Nones, maybe beyond the rank
+  return ShardMathCase(mesh, tuple(spec), tuple(shape), draw(st.sampled_from(SHARD_MATH_FORMS)),
+                       draw(st.sampled_from(SHARD_MATH_SOURCES)), uneven)
