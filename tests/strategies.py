@@ -1252,3 +1252,65 @@ def shard_math_cases(draw) -> ShardMathCase:
   spec += [None] * draw(st.sampled_from((0, 0, 0, 1, 2)))  # trailing Nones, maybe beyond the rank
   return ShardMathCase(mesh, tuple(spec), tuple(shape), draw(st.sampled_from(SHARD_MATH_FORMS)),
                        draw(st.sampled_from(SHARD_MATH_SOURCES)), uneven)
+
+
+# ---------------------------------------------------------------------------
+# Transfer guard and ledger (`test_fuzz_transfers.py`): every transfer
+# route x guard level and scope x thread, with ledgers open or not.
+# ---------------------------------------------------------------------------
+
+TRANSFER_ROUTES = (
+    "from_callback", "from_batched_callback", "callback_device_values", "device_put_reshard",
+    "device_put_device", "device_put_copy", "device_put_pytree", "jit_device_order",
+    "device_get", "device_get_pytree", "np_asarray", "array_method", "np_add",
+    "copy_to_host_async", "jit_closure", "fetch_again", "jit_same", "views",
+    "device_put_same", "with_devices")
+"""Every way a GDA's data moves, and some that move nothing."""
+
+GUARD_SCOPES = ("cm_all", "cm_direction", "cm_other_direction", "cm_main", "global_all",
+                "global_direction")
+"""How the guard is set: a context manager on the thread that makes the
+transfer (every direction, the transfer's, another one), one on the main
+thread while another thread makes the transfer, or the global option
+(every direction, the transfer's)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferStep:
+  """One transfer under a guard: `level` set by `scope`, made on the main
+  thread or a new one (`thread`), inside `ledgers` nested ledgers opened on
+  that thread (and one on the other thread when `elsewhere`); `gpu`: fetches
+  judged as on an accelerator (no CPU rule); `spec` the reshard's target."""
+
+  route: str
+  level: str = "allow"
+  scope: str = "cm_all"
+  thread: str = "main"
+  ledgers: int = 1
+  elsewhere: bool = False
+  gpu: bool = False
+  spec: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferProgram:
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  dtype: str
+  steps: tuple[TransferStep, ...]
+
+
+@st.composite
+def transfer_programs(draw) -> TransferProgram:
+  mesh, spec, shape, dtype = draw(sharded_arrays(max_rank=2, dtypes=("float32", "int32",
+                                                                     "bfloat16", "int8")))
+  steps = []
+  for _ in range(draw(st.integers(1, 5))):
+    target = draw(specs(mesh, len(shape)))
+    steps.append(TransferStep(
+        draw(st.sampled_from(TRANSFER_ROUTES)), draw(st.sampled_from(GUARD_LEVELS)),
+        draw(st.sampled_from(GUARD_SCOPES)), draw(st.sampled_from(("main", "main", "thread"))),
+        draw(st.sampled_from((0, 1, 1, 2))), draw(st.booleans()), draw(st.booleans()),
+        target))
+  return TransferProgram(mesh, spec, shape, dtype, tuple(steps))
