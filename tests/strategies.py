@@ -1314,3 +1314,60 @@ def transfer_programs(draw) -> TransferProgram:
         draw(st.sampled_from((0, 1, 1, 2))), draw(st.booleans()), draw(st.booleans()),
         target))
   return TransferProgram(mesh, spec, shape, dtype, tuple(steps))
+
+
+# ---------------------------------------------------------------------------
+# Ordered effects (`test_fuzz_effects.py`): random programs of ordered
+# callbacks, `sharded_callback`s, control flow and transformations.
+# ---------------------------------------------------------------------------
+
+EFFECT_STATEMENTS = ("callback", "sharded", "update", "cond", "scan", "while", "fori", "remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectsProgram:
+  """A jitted function of one array as a tree of statements (`body`), each
+  `("callback", tag)` (an ordered `jax.debug.callback` of the value's sum),
+  `("sharded", tag)` (`sharded_callback` of the value), `("update", k)`
+  (the value becomes `value * 2 + k`), `("cond", then, else)` (on the sign
+  of the sum), `("scan" | "while" | "fori", n, body)` (`n` steps of body),
+  `("remat", body)` (`jax.checkpoint`); run on `mesh` with the input sharded
+  as `spec`, `calls` times on each of `threads` threads, which dispatch
+  without waiting (`slow`: every callback sleeps a little)."""
+
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  body: tuple
+  calls: int = 1
+  threads: int = 1
+  slow: bool = False
+
+
+def _effect_body(depth: int):
+  leaf = st.one_of(
+      st.tuples(st.just("callback"), st.integers(0, 99)),
+      st.tuples(st.just("sharded"), st.integers(0, 99)),
+      st.tuples(st.just("update"), st.integers(-3, 3)))
+  if depth == 0:
+    stmt = leaf
+  else:
+    inner = _effect_body(depth - 1)
+    stmt = st.one_of(
+        leaf, leaf,
+        st.tuples(st.just("cond"), inner, inner),
+        st.tuples(st.sampled_from(("scan", "while", "fori")), st.integers(1, 3), inner),
+        st.tuples(st.just("remat"), inner))
+  return st.lists(stmt, min_size=1, max_size=3).map(tuple)
+
+
+@st.composite
+def effects_programs(draw) -> EffectsProgram:
+  mesh = draw(st.sampled_from((
+      MeshSpec((8,), ("x",), tuple(range(8))), MeshSpec((4, 2), ("x", "y"), tuple(range(8))),
+      MeshSpec((2, 4), ("x", "y"), (3, 1, 0, 2, 7, 5, 4, 6)),
+      MeshSpec((2, 2), ("x", "y"), (4, 5, 6, 7)))))
+  spec = draw(specs(mesh, 2))
+  shape = divisible_shape(mesh, spec, (1, 2))
+  return EffectsProgram(mesh, spec, shape, draw(_effect_body(2)), draw(st.integers(1, 2)),
+                        draw(st.sampled_from((1, 1, 2, 3))), draw(st.booleans()))
