@@ -1370,4 +1370,4 @@ def effects_programs(draw) -> EffectsProgram:
   spec = draw(specs(mesh, 2))
   shape = divisible_shape(mesh, spec, (1, 2))
   return EffectsProgram(mesh, spec, shape, draw(_effect_body(2)), draw(st.integers(1, 2)),
-                        draw(st.sampled_from((1, 1, 2, 3))), draw(st.booleans()))
+                        draw(st.sampled_from((1, 1, 2))), draw(st.booleans()))
