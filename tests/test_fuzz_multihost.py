@@ -693,8 +693,11 @@ def test_multihost_helpers_agree_or_every_process_raises_clearly():
   failing = sorted(((c, e) for c, e in run_cases(batch) if e), key=lambda ce: len(repr(ce[0])))
   if not failing:
     return
-  if FUZZ:
-    save_found("test_fuzz_multihost:check_cases", (failing[0][0],))
+  if FUZZ:  # the smallest failing case; the batch up to it for `verify_found`
+    first = failing[0][0]
+    upto = next(i for i, c in enumerate(batch) if c is first)
+    save_found("test_fuzz_multihost:check_cases", (first,), before=[],
+               context=tuple(batch[:upto + 1]))
   if LOG:
     with open(LOG, "a") as f:
       for case, problems in failing:
