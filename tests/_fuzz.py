@@ -30,7 +30,7 @@ import re
 from typing import Any
 
 import _isolated
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 FUZZ = os.environ.get("JSE_FUZZ") == "1"
 """True under `make fuzz`."""
@@ -44,7 +44,11 @@ _COMMON = dict(deadline=None, print_blob=True,
                                       HealthCheck.function_scoped_fixture])
 settings.register_profile("ci", derandomize=True, database=None, **_COMMON)
 settings.register_profile("fuzz", derandomize=False, **_COMMON)
-settings.load_profile("fuzz" if FUZZ else "ci")
+# `make mutate`: the examples of `make test`, and a failure is enough: no shrinking.
+settings.register_profile("mutate", derandomize=True, database=None,
+                          phases=(Phase.explicit, Phase.reuse, Phase.generate), **_COMMON)
+MUTATE = os.environ.get("JSE_MUTATE") == "1"
+settings.load_profile("fuzz" if FUZZ else "mutate" if MUTATE else "ci")
 
 
 def budget(examples: int, **kwargs: Any) -> settings:
