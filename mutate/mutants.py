@@ -135,13 +135,11 @@ MUTANTS = (
            'config})',
            '    out.append({"name": name})',
            "An edited zarr3 `bytes` endian or `transpose` order goes unnoticed: wrong values."),
-    Mutant("uncommitted-check-reads-spelled-path", "checkpoint integrity and locations",
+    Mutant("marker-looked-up-as-a-directory", "checkpoint integrity and locations",
            _D + "_checkpoint/markers.py",
-           "  if loc is None or not loc.shared_writes:\n    return\n  if loc.local_dir is not None:",
-           "  if loc is None or not loc.shared_writes or loc.text != loc.local_dir:\n    return\n"
-           "  if loc.local_dir is not None:",
-           "A checkpoint left uncommitted restores when its path is spelled relatively or "
-           "through a symbolic link."),
+           "    uncommitted = os.path.lexists(os.path.join(loc.local_dir, COMMIT_MARKER))",
+           "    uncommitted = os.path.isdir(os.path.join(loc.local_dir, COMMIT_MARKER))",
+           "A checkpoint whose writer died before committing restores as complete."),
     # -- thread settings ---------------------------------------------------------------
     Mutant("helper-thread-without-settings", "thread settings", _D + "_checkpoint/running.py",
            "  settings = jax_config.thread_settings()",
@@ -184,10 +182,12 @@ MUTANTS = (
            "  return GlobalDeviceArray._wrap(arr) if STATE.installed else arr",
            "  return GlobalDeviceArray._wrap(arr)",
            "An AOT `Compiled` made under the flag returns GDAs after `uninstall()`."),
-    Mutant("uninstall-reverts-in-install-order", "install and uninstall", _D + "_install.py",
-           "      for edit in reversed(EDITS):\n        edit.revert()",
-           "      for edit in EDITS:\n        edit.revert()",
-           "`uninstall()` restores tables in the wrong order, refusing or leaving entries."),
+    Mutant("compiled-handlers-chosen-at-first-call", "install and uninstall",
+           _D + "_jax/tables.py",
+           "        _ = executable.unsafe_call  # builds the result handlers now",
+           "        pass  # the result handlers are built at the first call",
+           "A `Compiled` made under the output flag and first called with it off returns "
+           "`jax.Array`s for good."),
     # -- transfer guard -------------------------------------------------------------------
     Mutant("jit-reshard-not-judged", "transfer guard", _D + "_transfers/moves.py",
            "  act = action(level, explicit)\n  moves, recorded = [], []",

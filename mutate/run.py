@@ -179,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
       r = _run_one(tree, m, tests_ok)
       results.append(r)
       secs = r["fuzzers"]["seconds"] + r.get("tests", {}).get("seconds", 0)
-      print(f"[{k}/{len(chosen)}] {m.area}: {m.id}: killed by {r['killed_by']} "
-            f"({secs:.0f} s)", flush=True)
+      verdict = (f"killed by the {r['killed_by']}" if r["killed_by"] in ("fuzzers", "tests")
+                 else "SURVIVED" if r["killed_by"] == "survived" else "could not be run")
+      print(f"[{k}/{len(chosen)}] {m.area}: {m.id}: {verdict} ({secs:.0f} s)", flush=True)
       if r["killed_by"] not in ("fuzzers", "tests"):
         print("  " + r.get("tail", "").replace("\n", "\n  "), flush=True)
   print()
