@@ -1080,7 +1080,8 @@ def port_snippets(draw) -> PortSnippet:
   """A module: imports (aliased, some of removed names nothing uses), helper
   functions returning a `Mesh` (or maybe None), functions entering values
   made on one or more paths (straight, both branches of an `if`, an `if`
-  expression, a loop, a `try`), renames whose call spans lines, annotations
+  expression, a loop, a `try`, or entered inside a loop that assigns it
+  afterwards), renames whose call spans lines, annotations
   of removed classes, and lines no rule touches, shuffled."""
   alias = draw(st.sampled_from(("maps", "M", "mesh_lib", "legacy")))
   line, spelled = draw(st.sampled_from(_PORT_MESH_IMPORTS))
@@ -1095,7 +1096,7 @@ def port_snippets(draw) -> PortSnippet:
   body: list[tuple[str, str]] = []
   meshes, others = [], []
   for k in range(draw(st.integers(1, 4))):
-    shape = draw(st.sampled_from(("straight", "branches", "ifexp", "loop", "try")))
+    shape = draw(st.sampled_from(("straight", "branches", "ifexp", "loop", "try", "loop_with")))
     count = 1 if shape == "straight" else 2
     values = draw(st.lists(st.one_of(st.sampled_from(_PORT_MESHES).map(lambda v: (True, v)),
                                      st.sampled_from(_PORT_OTHERS).map(lambda v: (False, v))),
@@ -1106,8 +1107,12 @@ def port_snippets(draw) -> PortSnippet:
               "branches": f"  if flag:\n    {name} = {a}\n  else:\n    {name} = {b}",
               "ifexp": f"  {name} = {a} if flag else {b}",
               "loop": f"  {name} = {a}\n  for _ in items:\n    {name} = {b}",
-              "try": f"  try:\n    {name} = {a}\n  except ValueError:\n    {name} = {b}"}[shape]
-    body.append(("with", f"def run{k}(flag, items):\n{assign}\n  with {name}:\n    pass"))
+              "try": f"  try:\n    {name} = {a}\n  except ValueError:\n    {name} = {b}",
+              # the `with` inside the loop sees the value the loop's end gives it
+              "loop_with": f"  {name} = {a}\n  for _ in items:\n    with {name}:\n      pass\n"
+                           f"    {name} = {b}"}[shape]
+    entered = "" if shape == "loop_with" else f"\n  with {name}:\n    pass"
+    body.append(("with", f"def run{k}(flag, items):\n{assign}{entered}"))
     (meshes if all(ok for ok, _ in values) else others).append(name)
   body += [("construct", c) for c in draw(st.lists(st.sampled_from(_PORT_CONSTRUCTS),
                                                      max_size=3, unique=True))]
