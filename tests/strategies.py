@@ -1080,8 +1080,8 @@ def port_snippets(draw) -> PortSnippet:
   """A module: imports (aliased, some of removed names nothing uses), helper
   functions returning a `Mesh` (or maybe None), functions entering values
   made on one or more paths (straight, both branches of an `if`, an `if`
-  expression, a loop, a `try`, or entered inside a loop that assigns it
-  afterwards), renames whose call spans lines, annotations
+  expression, a loop, a `try` (with or without assigning in its handler), or
+  entered inside a loop that assigns it afterwards), renames whose call spans lines, annotations
   of removed classes, and lines no rule touches, shuffled."""
   alias = draw(st.sampled_from(("maps", "M", "mesh_lib", "legacy")))
   line, spelled = draw(st.sampled_from(_PORT_MESH_IMPORTS))
@@ -1096,7 +1096,8 @@ def port_snippets(draw) -> PortSnippet:
   body: list[tuple[str, str]] = []
   meshes, others = [], []
   for k in range(draw(st.integers(1, 4))):
-    shape = draw(st.sampled_from(("straight", "branches", "ifexp", "loop", "try", "loop_with")))
+    shape = draw(st.sampled_from(("straight", "branches", "ifexp", "loop", "try", "try_keep",
+                                  "loop_with")))
     count = 1 if shape == "straight" else 2
     values = draw(st.lists(st.one_of(st.sampled_from(_PORT_MESHES).map(lambda v: (True, v)),
                                      st.sampled_from(_PORT_OTHERS).map(lambda v: (False, v))),
@@ -1108,6 +1109,9 @@ def port_snippets(draw) -> PortSnippet:
               "ifexp": f"  {name} = {a} if flag else {b}",
               "loop": f"  {name} = {a}\n  for _ in items:\n    {name} = {b}",
               "try": f"  try:\n    {name} = {a}\n  except ValueError:\n    {name} = {b}",
+              # an exception before the assignment keeps the value from before the `try`
+              "try_keep": f"  {name} = {b}\n  try:\n    {name} = {a}\n  except ValueError:\n"
+                          "    pass",
               # the `with` inside the loop sees the value the loop's end gives it
               "loop_with": f"  {name} = {a}\n  for _ in items:\n    with {name}:\n      pass\n"
                            f"    {name} = {b}"}[shape]
