@@ -9,7 +9,7 @@ the mutant). The report gives, per area, which mutants the fuzzers kill and
 which only the other tests kill; `--write-docs` puts the table on
 `docs/development.md` and the run in `mutate/results.json`.
 
-Usage: python mutate/run.py [--only ID ...] [--area AREA ...] [--write-docs]
+Usage: python mutate/run.py [--only ID ...] [--area AREA ...] [--write-docs | --render]
 """
 
 from __future__ import annotations
@@ -131,14 +131,13 @@ def _table(results: list[dict]) -> str:
     bad = ", ".join(f"`{r['id']}`" for r in rs if r["killed_by"] not in ("fuzzers", "tests"))
     lines.append(f"| {area} | {cols[0]} | {cols[1]} | {bad or '-'} |")
   lines.append("")
-  lines.append(f"{len(results)} mutants: the fuzzers alone kill {fuzzed} "
-               f"({100 * fuzzed // max(1, len(results))}%), the other tests "
-               f"{sum(r['killed_by'] == 'tests' for r in results)}, "
+  lines.append(f"Of {len(results)} mutants, the fuzzers alone kill {fuzzed}, only the other "
+               f"tests kill {sum(r['killed_by'] == 'tests' for r in results)}, and "
                f"{sum(r['killed_by'] not in ('fuzzers', 'tests') for r in results)} survive.")
   return "\n".join(lines)
 
 
-def _write_docs(results: list[dict]) -> None:
+def _write_docs(results: list[dict], meta: dict | None = None) -> None:
   doc = ROOT / "docs" / "development.md"
   text = doc.read_text()
   if START not in text or END not in text:
@@ -146,9 +145,10 @@ def _write_docs(results: list[dict]) -> None:
   head, rest = text.split(START, 1)
   _, tail = rest.split(END, 1)
   doc.write_text(f"{head}{START}\n{_table(results)}\n{END}{tail}")
+  meta = meta or {"date": datetime.date.today().isoformat(),
+                  "python": platform.python_version()}
   (ROOT / "mutate" / "results.json").write_text(json.dumps({
-      "date": datetime.date.today().isoformat(), "python": platform.python_version(),
-      "results": [{k: v for k, v in r.items() if k != "tail"} for r in results]},
+      **meta, "results": [{k: v for k, v in r.items() if k != "tail"} for r in results]},
       indent=1) + "\n")
 
 
@@ -158,7 +158,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--area", nargs="*", default=[], help="areas")
   parser.add_argument("--write-docs", action="store_true",
                       help="write the table to docs/development.md and mutate/results.json")
+  parser.add_argument("--render", action="store_true",
+                      help="run nothing: write the table of mutate/results.json again")
   args = parser.parse_args(argv)
+  if args.render:
+    saved = json.loads((ROOT / "mutate" / "results.json").read_text())
+    _write_docs(saved.pop("results"), saved)
+    return 0
   unknown = [i for i in args.only if i not in {m.id for m in MUTANTS}]
   unknown += [a for a in args.area if a not in AREAS]
   if unknown:
