@@ -103,9 +103,9 @@ def checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
         return _fits_local_mesh(fn, x, where, shape, spec, global_mesh)
       _fits_global_mesh(fn, where, shape, spec, global_mesh)
       _local_mesh(fn, global_mesh)
-      if not isinstance(x, jax.Array | jax.core.Tracer):
+      if not isinstance(x, jax.Array | jax.core.Tracer) and np.asarray(x).dtype.kind in "biufc":
         return _global_from_host(x, spec, global_mesh)
-      return x
+      return x  # (anything else: stock's own error)
     out.append(jax.tree_util.tree_map_with_path(one, sub))
   return jax.tree_util.tree_unflatten(spec_def, out)
 
