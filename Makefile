@@ -13,7 +13,7 @@ PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | hea
   "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p" || echo "$$p"; } && break; done)
 VENV312 ?= .venv312
 
-.PHONY: install demo test test-default test-jax012 wheel-check docs lint typecheck bench bench-check fuzz notebooks chromium clean
+.PHONY: install demo test test-default test-jax012 wheel-check docs lint typecheck bench bench-check fuzz mutate notebooks chromium clean
 
 install: $(STAMP)
 
@@ -94,6 +94,14 @@ fuzz: install
 	@echo "make fuzz: seed $(SEED); repeat with: make fuzz SEED=$(SEED)"
 	JSE_FUZZ=1 JSE_FUZZ_SEED=$(SEED) JSE_FUZZ_SCALE=$(JSE_FUZZ_SCALE) \
 	  $(BIN)/python -m pytest -q -m fuzz -p no:cacheprovider --hypothesis-seed=$(SEED)
+
+# The mutation check (tens of minutes; not part of make test): each mutant of
+# mutate/mutants.py in a copy of the tree, its area's fuzzers then its tests;
+# a survivor fails. It writes the table on docs/development.md.
+# MUTATE_ARGS="--only ID ..." or "--area AREA ..." runs some.
+MUTATE_ARGS ?= --write-docs
+mutate: install
+	$(BIN)/python mutate/run.py $(MUTATE_ARGS)
 
 # The documentation site (Sphinx + myst-nb) into build/docs. Any warning fails
 # the build; it runs the example notebooks (DOCS_EXECUTE=off shows their

@@ -189,10 +189,16 @@ def global_array_to_host_local_array(
     >>> type(local["w"]).__name__, local["w"].shape   # one process: this host has it all
     ('GlobalDeviceArray', (8, 2))
   """
+  fn = "global_array_to_host_local_array"
   views, was_gda = _views(global_inputs)
-  pspecs = _checks.none_as_replicated(pspecs)
-  views = _checks.checked_inputs("global_array_to_host_local_array", views, global_mesh, pspecs)
-  out = _stock.global_array_to_host_local_array(views, global_mesh, pspecs)
+  given, pspecs = pspecs, _checks.none_as_replicated(pspecs)
+  views = _checks.checked_inputs(fn, views, global_mesh, pspecs)
+  try:
+    out = _stock.global_array_to_host_local_array(views, global_mesh, pspecs)
+  except NotImplementedError as e:  # stock refuses `None` itself: a ValueError, as stock's
+    if not _checks.has_none(given):
+      raise
+    raise _checks.none_not_replicable(fn, global_mesh, e) from None
   return _rewrap(out, was_gda)
 
 

@@ -88,6 +88,9 @@ class Child:
     self.devices = devices
     self.proc: subprocess.Popen | None = None
     self.log: Any = None
+    self.history: list[tuple[str, Any]] = []
+    """The `(target, example)`s this child process has run, in order (what
+    state an example may have left behind for the next ones)."""
 
   def _start(self) -> None:
     if self.log is not None:
@@ -138,7 +141,9 @@ class Child:
     if self.proc is None or self.proc.poll() is not None:
       self._kill()
       self._start()
+      self.history = []
     assert self.proc is not None
+    self.history.append((target, example))
     self.log.seek(0)
     self.log.truncate()
     try:
@@ -178,6 +183,11 @@ def run(target: str, example: Any, timeout: float = 120.0) -> Any:
   if _CHILD is None:
     _CHILD = Child()
   return _CHILD.run(target, example, timeout)
+
+
+def history() -> list[tuple[str, Any]]:
+  """What the shared child has run since it started (see `Child.history`)."""
+  return list(_CHILD.history) if _CHILD is not None else []
 
 
 def close() -> None:

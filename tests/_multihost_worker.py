@@ -101,6 +101,29 @@ def check_round_trip(mesh):
   assert g[2]["w"].sharding.is_fully_replicated
   np.testing.assert_array_equal(mu.process_allgather(g[2]["w"], tiled=True), const)
 
+  # A `None` spec (replicated) for a global GDA that spans processes, onto a
+  # mesh of this process's devices: JAX cannot reshard it, and stock refuses
+  # `None` for the same `jax.Array` with a `ValueError` naming `pspecs`; so
+  # does the package (not the `NotImplementedError` of the reshard).
+  spans = back["cd"][1]
+  local_only = Mesh(np.array(jax.local_devices()), ("x",))
+  stock_msg = raises(ValueError, stock_mu.global_array_to_host_local_array,
+                     {"w": spans.to_jax_array()}, local_only, None)
+  assert "pspecs" in stock_msg, stock_msg
+  for pspecs in (None, {"w": None}):
+    msg = raises(ValueError, mu.global_array_to_host_local_array, {"w": spans}, local_only,
+                 pspecs)
+    assert "`None` is not a valid input to the pspecs argument" in msg, msg
+
+  # A numpy leaf is the global value: each process gets its part of it, also
+  # where the local mesh is smaller than the global one (stock slices it by
+  # the global shape over the local mesh and fails inside XLA).
+  whole = np.arange(8 * 3, dtype=F32).reshape(8, 3)
+  part = mu.global_array_to_host_local_array({"w": whole}, mesh, {"w": P("x")})["w"]
+  assert is_plain_array(part) and part.shape == (8 // N, 3), (type(part), part.shape)
+  rows = 8 // N
+  np.testing.assert_array_equal(np.asarray(part), whole[PID * rows:(PID + 1) * rows])
+
   # A local batch that cannot be globalised: a clear error naming the leaf.
   msg = raises(ValueError, mu.host_local_array_to_global_array,
                {"tokens": np.zeros((2 * L - 1, 3), F32)}, mesh, P(("x", "y")))

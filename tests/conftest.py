@@ -16,7 +16,7 @@ _flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
 os.environ["XLA_FLAGS"] = " ".join(
     [f"--xla_force_host_platform_device_count={N_DEVICES}", *_flags])
 
-import _fuzz  # noqa: E402,F401  (the hypothesis profiles: "ci", and "fuzz" for make fuzz)
+import _fuzz  # noqa: E402  (the hypothesis profiles: "ci", and "fuzz" for make fuzz)
 import _isolated  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -28,6 +28,7 @@ import jax_sharding_ext  # noqa: E402  (installs the handlers)
 
 def pytest_sessionfinish(session, exitstatus):
   _isolated.close()  # the child that ran risky examples
+  _fuzz.verify_found()  # each failure `make fuzz` saved fails on its own, or is saved with its past
 
 
 @pytest.fixture(scope="session")

@@ -228,8 +228,12 @@ def sharing_programs(draw) -> SharingProgram:
 
 RACING_USES = ("new_jit", "warm_jit", "jnp", "grad", "pjit", "output_flag", "ordered_print",
                "device_put", "fetch", "checkpoint", "shard_map_print", "sharded_callback",
-               "ledger")
-"""The uses of a GDA a worker thread repeats while the package is swapped."""
+               "ledger", "flag_warm_jit", "flag_aot", "flag_aot_compile", "warm_ordered_print")
+"""The uses of a GDA a worker thread repeats while the package is swapped;
+the `flag_` ones call with a plain `jax.Array` under the output flag: a warm
+jit, an AOT `Compiled` made under the flag before the race, and one compiled
+under the flag by the call itself; `warm_ordered_print` calls a warm jit with
+an ordered print over 8 devices with a plain `jax.Array`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -812,6 +816,15 @@ class DamagedCheckpoint:
   values: str = "random"
   check_first: bool = True
   seed: int = 0
+  notebook: bool = False
+  x64: bool = False
+  guard: str = "allow"
+
+
+CHECKPOINT_GUARDS = ("allow", "disallow", "log_explicit", "disallow_explicit",
+                     "host_to_device:disallow_explicit", "device_to_device:disallow_explicit")
+"""A transfer guard around a probe save and restore (`level` for every
+direction, or `direction:level`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -888,11 +901,26 @@ def damaged_checkpoints(draw, places: tuple[str, ...] = ("absolute",),
   arrays = draw(_saved_arrays())
   first = draw(checkpoint_damages(kinds))
   more = tuple(draw(st.lists(checkpoint_damages(CHECKPOINT_CHUNK_DAMAGE), max_size=1)))
+  # The package's own calls (not orbax's) in a notebook cell (inside a
+  # running event loop), under `jax.enable_x64` with 64-bit arrays, and a
+  # transfer guard around a probe save and restore.
+  notebook = x64 = False
+  guard = "allow"
+  if family == "serialization":
+    notebook, x64 = draw(st.booleans()), draw(st.booleans())
+    guard = draw(st.sampled_from(CHECKPOINT_GUARDS))
+    if x64:
+      arrays = tuple(dataclasses.replace(a, dtype=_WIDE.get(a.dtype, a.dtype))
+                     if draw(st.booleans()) else a for a in arrays)
   return DamagedCheckpoint(
       fmt, arrays, draw(st.integers(1, 3)), draw(st.sampled_from(CHECKPOINT_SAVES[family])),
       draw(st.sampled_from(places)), (first, *more), draw(st.sampled_from(CHECKPOINT_RESTORES)),
       draw(st.sampled_from(CHECKPOINT_TARGETS)), draw(st.sampled_from(CHECKPOINT_VALUES)),
-      draw(st.booleans()), draw(st.integers(0, 2**16)))
+      draw(st.booleans()), draw(st.integers(0, 2**16)), notebook, x64, guard)
+
+
+_WIDE = {"float32": "float64", "bfloat16": "float64", "float16": "float64", "int32": "int64",
+         "int8": "int64", "uint8": "int64"}
 
 
 @st.composite
@@ -1074,7 +1102,8 @@ class PortSnippet:
 def _port_with(draw, k: int, mesh: str) -> tuple[str, str]:
   """A function entering `m{k}`, made on one or more paths; (its text, which
   of "mesh" / "outside" / "other" the values make it)."""
-  shape = draw(st.sampled_from(("straight", "branches", "ifexp", "loop", "try")))
+  shape = draw(st.sampled_from(("straight", "branches", "ifexp", "loop", "try", "try_keep",
+                                "loop_with")))
   count = 1 if shape == "straight" else 2
   values = draw(st.lists(st.one_of(st.sampled_from(_PORT_MESHES).map(lambda v: ("mesh", v)),
                                    st.sampled_from(_PORT_OTHERS).map(lambda v: ("other", v)),
@@ -1086,10 +1115,17 @@ def _port_with(draw, k: int, mesh: str) -> tuple[str, str]:
             "branches": f"  if flag:\n    {name} = {a}\n  else:\n    {name} = {b}",
             "ifexp": f"  {name} = {a} if flag else {b}",
             "loop": f"  {name} = {a}\n  for _ in items:\n    {name} = {b}",
-            "try": f"  try:\n    {name} = {a}\n  except ValueError:\n    {name} = {b}"}[shape]
+            "try": f"  try:\n    {name} = {a}\n  except ValueError:\n    {name} = {b}",
+            # an exception before the assignment keeps the value from before the `try`
+            "try_keep": f"  {name} = {b}\n  try:\n    {name} = {a}\n  except ValueError:\n"
+                        "    pass",
+            # the `with` inside the loop sees the value the loop's end gives it
+            "loop_with": f"  {name} = {a}\n  for _ in items:\n    with {name}:\n      pass\n"
+                         f"    {name} = {b}"}[shape]
   kinds = {kind for kind, _ in values}
   kind = "mesh" if kinds == {"mesh"} else "outside" if "outside" in kinds else "other"
-  return f"def run{k}(flag, items):\n{assign}\n  with {name}:\n    pass", kind
+  entered = "" if shape == "loop_with" else f"\n  with {name}:\n    pass"
+  return f"def run{k}(flag, items):\n{assign}{entered}", kind
 
 
 @st.composite
@@ -1098,10 +1134,12 @@ def port_snippets(draw) -> PortSnippet:
   rewrite leaves unused, some the user's own unused), helper functions
   returning a `Mesh` (or maybe None), functions entering values made on one
   or more paths (straight, both branches of an `if`, an `if` expression, a
-  loop, a `try`) by a `Mesh`, by something else, or by a function outside
-  the files of the run, renames whose call spans lines or makes the longest
-  line longer, annotations of removed classes, orbax restore code, and lines
-  no rule touches, shuffled; written in a folder or not."""
+  loop, a `try` with or without assigning in its handler, or entered inside a
+  loop that assigns it afterwards) by a `Mesh`, by something else, or by a
+  function outside the files of the run, renames whose call spans lines or
+  makes the longest line longer, annotations of removed classes, orbax
+  restore code, and lines no rule touches, shuffled; written in a folder or
+  not."""
   alias = draw(st.sampled_from(("maps", "M", "mesh_lib", "legacy")))
   line, spelled = draw(st.sampled_from(_PORT_MESH_IMPORTS))
   mesh = spelled.format(a=alias)
@@ -1137,3 +1175,259 @@ def port_snippets(draw) -> PortSnippet:
                      draw(st.sampled_from(("\n", "\r\n"))), draw(st.booleans()),
                      outside=tuple(found["outside"]), unused=tuple(unused),
                      folder=draw(st.sampled_from((None, *PORT_FOLDERS))))
+
+
+# ---------------------------------------------------------------------------
+# Thread-local settings (`test_fuzz_thread_settings.py`): the caller's JAX
+# settings, and the package's calls that run work on a thread of their own.
+# ---------------------------------------------------------------------------
+
+GUARD_LEVELS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
+
+THREAD_SETTING_KINDS = ("guard", "guard_host_to_device", "guard_device_to_device",
+                        "guard_device_to_host", "x64", "promotion", "default_device",
+                        "set_mesh", "with_mesh", "output_gda")
+"""A setting as the user makes it: a transfer guard (all directions or one),
+`jax.enable_x64`, `jax.numpy_dtype_promotion`, `jax.default_device`,
+`jax.set_mesh`, `with mesh:`, and the package's output flag."""
+
+THREAD_ENTRIES = ("run_serialization", "run_deserialization_mesh",
+                  "run_deserialization_sharding", "manager_serialize", "manager_deserialize",
+                  "async_serialize", "async_deserialize")
+"""The checkpoint calls: inside a running event loop the synchronous ones
+run their work on a helper thread; the `async_` ones run in the caller's loop."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadSettingsCase:
+  """`entry` called under `settings` (each `(kind, value, scope)`, scope
+  "local" for the context manager on the calling thread, "global" for
+  `jax.config.update`), for an array saved as `dtype` (under x64 for the
+  64-bit ones) on `mesh` with `spec`."""
+
+  entry: str
+  settings: tuple[tuple[str, object, str], ...]
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  dtype: str
+
+
+_GLOBAL_KINDS = ("guard", "guard_host_to_device", "guard_device_to_device",
+                 "guard_device_to_host", "x64", "promotion", "default_device", "output_gda")
+
+
+@st.composite
+def thread_settings_cases(draw) -> ThreadSettingsCase:
+  mesh, spec, shape, _ = draw(sharded_arrays(max_rank=2))
+  settings = []
+  for kind in draw(st.lists(st.sampled_from(THREAD_SETTING_KINDS), min_size=1, max_size=4,
+                            unique=True)):
+    if kind.startswith("guard"):
+      value: object = draw(st.sampled_from(GUARD_LEVELS))
+    elif kind in ("x64", "output_gda"):
+      value = draw(st.booleans())
+    elif kind == "promotion":
+      value = draw(st.sampled_from(("standard", "strict")))
+    elif kind == "default_device":
+      value = draw(st.integers(0, N_DEVICES - 1))
+    else:
+      value = draw(meshes(max_rank=2))
+    scope = "global" if kind in _GLOBAL_KINDS and draw(st.integers(0, 3)) == 0 else "local"
+    settings.append((kind, value, scope))
+  dtype = draw(st.sampled_from(("float32", "float64", "int64", "int32", "bfloat16")))
+  return ThreadSettingsCase(draw(st.sampled_from(THREAD_ENTRIES)), tuple(settings), mesh, spec,
+                            shape, dtype)
+
+
+# ---------------------------------------------------------------------------
+# Shard math against stock (`test_fuzz_shard_math.py`).
+# ---------------------------------------------------------------------------
+
+SHARD_MATH_FORMS = ("P", "list", "tuple")
+SHARD_MATH_SOURCES = ("from_callback", "from_jax_array", "jit_output", "constructor")
+"""How the GDA of a case is made: the data callback, a view of stock's array,
+an output of `jax.jit` under the output flag, the constructor over stock's
+shards."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardMathCase:
+  """A mesh, mesh axes (`spec`, entries None / a name / a tuple of names in
+  any order, maybe trailing Nones beyond the rank), written as `form`, and a
+  shape that they may not divide (`uneven`)."""
+
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  form: str = "P"
+  source: str = "from_callback"
+  uneven: bool = False
+
+
+@st.composite
+def _multi_axis_meshes(draw) -> MeshSpec:
+  """Meshes of 2 or 3 axes, mostly of sizes above 1 (where the order of the
+  axes a dimension is split over shows), sometimes any `meshes()`."""
+  if draw(st.integers(0, 3)) == 0:
+    return draw(meshes())
+  n = draw(st.sampled_from((8, 8, 4)))
+  rank = draw(st.sampled_from((2, 2, 3))) if n == 8 else 2
+  shape = draw(st.sampled_from([f for f in _factorisations(n, rank) if 1 not in f]))
+  ids = draw(st.permutations(range(N_DEVICES)))[:n]
+  if draw(st.booleans()):
+    ids = sorted(ids)
+  return MeshSpec(shape, tuple("xyzw"[:rank]), tuple(ids))
+
+
+@st.composite
+def shard_math_cases(draw) -> ShardMathCase:
+  mesh = draw(_multi_axis_meshes())
+  size = dict(zip(mesh.names, mesh.shape, strict=True))
+  rank = draw(st.integers(0, 3))
+  free = list(draw(st.permutations(mesh.names)))
+  spec: list = []
+  for _ in range(draw(st.integers(0, rank))):
+    kind = draw(st.sampled_from(("none", "one", "many", "many")))
+    if kind == "none" or not free:
+      spec.append(None)
+    elif kind == "one" or len(free) < 2:
+      spec.append(free.pop())
+    else:
+      k = draw(st.integers(2, len(free)))
+      spec.append(tuple(free[:k]))  # in any order: the first name is the major one
+      del free[:k]
+  shape = []
+  uneven = False
+  for d in range(rank):
+    entry = spec[d] if d < len(spec) else None
+    names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+    parts = 1
+    for n in names:
+      parts *= size[n]
+    k = draw(st.sampled_from((1, 1, 2, 3, 0)))
+    extra = draw(st.sampled_from((0,) * 9 + (1,))) if parts > 1 else 0
+    uneven = uneven or extra > 0
+    shape.append(parts * k + extra)
+  spec += [None] * draw(st.sampled_from((0, 0, 0, 1, 2)))  # trailing Nones, maybe beyond the rank
+  return ShardMathCase(mesh, tuple(spec), tuple(shape), draw(st.sampled_from(SHARD_MATH_FORMS)),
+                       draw(st.sampled_from(SHARD_MATH_SOURCES)), uneven)
+
+
+# ---------------------------------------------------------------------------
+# Transfer guard and ledger (`test_fuzz_transfers.py`): every transfer
+# route x guard level and scope x thread, with ledgers open or not.
+# ---------------------------------------------------------------------------
+
+TRANSFER_ROUTES = (
+    "from_callback", "from_batched_callback", "callback_device_values", "device_put_reshard",
+    "device_put_device", "device_put_copy", "device_put_pytree", "jit_device_order",
+    "device_get", "device_get_pytree", "np_asarray", "array_method", "np_add",
+    "copy_to_host_async", "jit_closure", "fetch_again", "jit_same", "views",
+    "device_put_same", "with_devices")
+"""Every way a GDA's data moves, and some that move nothing."""
+
+GUARD_SCOPES = ("cm_all", "cm_direction", "cm_other_direction", "cm_main", "global_all",
+                "global_direction")
+"""How the guard is set: a context manager on the thread that makes the
+transfer (every direction, the transfer's, another one), one on the main
+thread while another thread makes the transfer, or the global option
+(every direction, the transfer's)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferStep:
+  """One transfer under a guard: `level` set by `scope`, made on the main
+  thread or a new one (`thread`), inside `ledgers` nested ledgers opened on
+  that thread (and one on the other thread when `elsewhere`); `gpu`: fetches
+  judged as on an accelerator (no CPU rule); `spec` the reshard's target."""
+
+  route: str
+  level: str = "allow"
+  scope: str = "cm_all"
+  thread: str = "main"
+  ledgers: int = 1
+  elsewhere: bool = False
+  gpu: bool = False
+  spec: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferProgram:
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  dtype: str
+  steps: tuple[TransferStep, ...]
+
+
+@st.composite
+def transfer_programs(draw) -> TransferProgram:
+  mesh, spec, shape, dtype = draw(sharded_arrays(max_rank=2, dtypes=("float32", "int32",
+                                                                     "bfloat16", "int8")))
+  steps = []
+  for _ in range(draw(st.integers(1, 5))):
+    target = draw(specs(mesh, len(shape)))
+    steps.append(TransferStep(
+        draw(st.sampled_from(TRANSFER_ROUTES)), draw(st.sampled_from(GUARD_LEVELS)),
+        draw(st.sampled_from(GUARD_SCOPES)), draw(st.sampled_from(("main", "main", "thread"))),
+        draw(st.sampled_from((0, 1, 1, 2))), draw(st.booleans()), draw(st.booleans()),
+        target))
+  return TransferProgram(mesh, spec, shape, dtype, tuple(steps))
+
+
+# ---------------------------------------------------------------------------
+# Ordered effects (`test_fuzz_effects.py`): random programs of ordered
+# callbacks, `sharded_callback`s, control flow and transformations.
+# ---------------------------------------------------------------------------
+
+EFFECT_STATEMENTS = ("callback", "sharded", "update", "cond", "scan", "while", "fori", "remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectsProgram:
+  """A jitted function of one array as a tree of statements (`body`), each
+  `("callback", tag)` (an ordered `jax.debug.callback` of the value's sum),
+  `("sharded", tag)` (`sharded_callback` of the value), `("update", k)`
+  (the value becomes `value * 2 + k`), `("cond", then, else)` (on the sign
+  of the sum), `("scan" | "while" | "fori", n, body)` (`n` steps of body),
+  `("remat", body)` (`jax.checkpoint`); run on `mesh` with the input sharded
+  as `spec`, `calls` times on each of `threads` threads, which dispatch
+  without waiting (`slow`: every callback sleeps a little)."""
+
+  mesh: MeshSpec
+  spec: tuple
+  shape: tuple[int, ...]
+  body: tuple
+  calls: int = 1
+  threads: int = 1
+  slow: bool = False
+
+
+def _effect_body(depth: int):
+  leaf = st.one_of(
+      st.tuples(st.just("callback"), st.integers(0, 99)),
+      st.tuples(st.just("sharded"), st.integers(0, 99)),
+      st.tuples(st.just("update"), st.integers(-3, 3)))
+  if depth == 0:
+    stmt = leaf
+  else:
+    inner = _effect_body(depth - 1)
+    stmt = st.one_of(
+        leaf, leaf,
+        st.tuples(st.just("cond"), inner, inner),
+        st.tuples(st.sampled_from(("scan", "while", "fori")), st.integers(1, 3), inner),
+        st.tuples(st.just("remat"), inner))
+  return st.lists(stmt, min_size=1, max_size=3).map(tuple)
+
+
+@st.composite
+def effects_programs(draw) -> EffectsProgram:
+  mesh = draw(st.sampled_from((
+      MeshSpec((8,), ("x",), tuple(range(8))), MeshSpec((4, 2), ("x", "y"), tuple(range(8))),
+      MeshSpec((2, 4), ("x", "y"), (3, 1, 0, 2, 7, 5, 4, 6)),
+      MeshSpec((2, 2), ("x", "y"), (4, 5, 6, 7)))))
+  spec = draw(specs(mesh, 2))
+  shape = divisible_shape(mesh, spec, (1, 2))
+  return EffectsProgram(mesh, spec, shape, draw(_effect_body(2)), draw(st.integers(1, 2)),
+                        draw(st.sampled_from((1, 1, 2))), draw(st.booleans()))

@@ -127,7 +127,11 @@ def check_pjit_case(c: PjitCase) -> str | None:
   stock, stock_err = attempt(lambda: jax.jit(f, **stock_kw)(a_stock, b_stock))
   b_host = 3 if c.b == "scalar" else b_data
   want = (data * 2 + b_host, data)
+  # The package refuses a bool as an argnum (`True` would name argument 1).
+  bool_argnums = any(isinstance(v, bool) for v in (c.static, c.donate))
   if err is None:
+    if bool_argnums:
+      return f"accepted a bool argnum (static_argnums={c.static!r}, donate_argnums={c.donate!r})"
     if stock_err is None and jax.tree.structure(got) != jax.tree.structure(stock):
       return f"returned {jax.tree.structure(got)}, `jax.jit` {jax.tree.structure(stock)}"
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(stock) if stock_err is None else
@@ -139,8 +143,6 @@ def check_pjit_case(c: PjitCase) -> str | None:
     if stock_err is None and a.is_deleted() != a_stock.is_deleted():
       return f"the GDA deleted: {a.is_deleted()}, stock's array: {a_stock.is_deleted()}"
     return None
-  # The package refuses a bool as an argnum (`True` would name argument 1).
-  bool_argnums = any(isinstance(v, bool) for v in (c.static, c.donate))
   if stock_err is None and "FROM_GDA" not in repr((c.in_res, c.out_res)) and not bool_argnums:
     return f"refused what `jax.jit` runs: {describe(err)}"
   return unclear(err, ("in_axis_resources", "out_axis_resources", "argnums", "FROM_GDA")
@@ -167,6 +169,27 @@ def test_bad_meshes_shapes_and_mesh_axes_get_a_clear_error_or_stocks_layout(case
   for valid input; a clear error naming the argument for a bad mesh, shape
   or mesh axes."""
   isolated("_bad_input:run_layout_cases", cases)
+
+
+def _one_fault_at_a_time() -> tuple:
+  """Each shape fault, alone, on a valid mesh and mesh axes, at every entry
+  point (random cases mostly carry several faults, and the first one found
+  hides the others)."""
+  from strategies import LAYOUT_ENTRIES, SHAPE_FAULTS, LayoutCase, MeshInput
+  mesh = MeshInput((2,), ("x",), (0, 1))
+  values = {"negative": -4, "float": 4.5, "integral_float": 4.0, "np_float": ("np.float32", 4.0),
+            "bool": True, "np_bool": ("np.bool_", True), "none": None, "str": "4",
+            "np_int": ("np.int64", 4), "not_divisible": 3, "long": 4, "zero": 0}
+  cases = []
+  for fault in SHAPE_FAULTS:
+    shape = (values[fault], 2) + ((1,) * 24 if fault == "long" else ())
+    cases += [LayoutCase(entry, mesh, shape, "tuple", ("x",), "P") for entry in LAYOUT_ENTRIES]
+  return tuple(cases)
+
+
+def test_each_shape_fault_alone_gets_a_clear_error_or_stocks_layout():
+  """The model of the fuzzer below, one shape fault at a time."""
+  isolated("_bad_input:run_layout_cases", _one_fault_at_a_time())
 
 
 @given(_batches(callback_cases(), 16))

@@ -4,15 +4,22 @@ A race (`strategies.InstallRace`) starts worker threads that each repeat a
 few uses of a GDA (a new `jax.jit`, a warm one, `jax.numpy`, `jax.grad`,
 legacy `pjit`, the output flag, an ordered print under multi-device jit and
 inside `shard_map`, `sharded_callback`, `jax.device_put` in a ledger, a
-fetch, a checkpoint save and restore) while the main
-thread uninstalls and reinstalls the package at drawn intervals.
+fetch, a checkpoint save and restore; and, with a plain `jax.Array`, a
+warm jit called under the output flag, an AOT `Compiled` made under the
+flag, and one compiled under the flag by the call) while the main thread
+uninstalls and reinstalls the package at drawn intervals.
 
 The model: each call either runs as installed (the right value) or raises
 the documented error of an uninstalled package (a `RuntimeError` that says
 to call `jax_sharding_ext.install()`; for an ordered print, stock's
-`ValueError` for ordered effects on several devices); once the race is over
-and the package installed, every use works again. Races run in the suite's child
-process, so a crash or a hang is a failure naming the race.
+`ValueError` for ordered effects on several devices). A call on plain
+arrays under the flag returns a GDA when the package was installed all
+through the call and a `jax.Array` when it was uninstalled all through
+(uninstalled, no GDA comes out of anything: not of a cached executable, nor
+of a `Compiled` made under the flag). Once the race is over, the package
+uninstalled gives no GDA from any of them, and installed again, every use
+works again. Races run in the suite's child process, so a crash or a hang
+is a failure naming the race.
 """
 
 from __future__ import annotations
@@ -46,7 +53,11 @@ def _uses(tmp: str):
   mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
   data = np.arange(16, dtype=np.float32).reshape(8, 2)
   g = GlobalDeviceArray.from_callback((8, 2), mesh, P("x", "y"), lambda i: data[i])
+  plain = jax.device_put(data, NamedSharding(mesh, P("x", "y")))
   warm = jax.jit(lambda v: v * 3)
+  warm_flag = jax.jit(lambda v: v * 5)
+  with jse.parallel_functions_output_gda(True):
+    aot_flag = jax.jit(lambda v: v * 7).lower(plain).compile()
   counter = iter(range(1, 10**9))
   saves = iter(range(10**9))
 
@@ -95,6 +106,21 @@ def _uses(tmp: str):
       out = jax.jit(lambda v: v - 1)(g)
     return out, data - 1
 
+  def ordered_plain(v):
+    jax.debug.print("warm {s}", s=v.sum(), ordered=True)
+    return v + 4
+  warm_ordered = jax.jit(ordered_plain)
+
+  def flag_warm_jit():
+    with jse.parallel_functions_output_gda(True):
+      return warm_flag(plain), data * 5
+
+  def flag_aot_compile():
+    k = next(counter)
+    with jse.parallel_functions_output_gda(True):
+      compiled = jax.jit(lambda v: v * 2 - k).lower(plain).compile()
+    return compiled(plain), data * 2 - k
+
   def checkpoint():
     path = f"{tmp}/ckpt_{next(saves)}"
     spec = serialization.get_tensorstore_spec(path)
@@ -116,7 +142,31 @@ def _uses(tmp: str):
       "shard_map_print": in_shard_map,
       "sharded_callback": callback_per_shard,
       "ledger": ledger,
+      "flag_warm_jit": flag_warm_jit,
+      "flag_aot": lambda: (aot_flag(plain), data * 7),
+      "flag_aot_compile": flag_aot_compile,
+      "warm_ordered_print": lambda: (warm_ordered(plain), data + 4),
   }
+
+
+_ORDERED = ("ordered_print", "shard_map_print", "warm_ordered_print")
+"""Uses whose ordered effects stock refuses on several devices."""
+
+_FLAG_USES = ("flag_warm_jit", "flag_aot", "flag_aot_compile")
+"""Uses on plain `jax.Array`s under the output flag: a GDA exactly when installed."""
+
+
+def _kind_of_output(name: str, out, installed: bool | None) -> str | None:
+  """What is wrong with the type of `name`'s output (None: nothing) when the
+  package was installed all through the call (`installed`), uninstalled all
+  through, or swapped during it (None)."""
+  from jax_sharding_ext import GlobalDeviceArray
+  if name not in _FLAG_USES or installed is None:
+    return None
+  if installed != isinstance(out, GlobalDeviceArray):
+    return (f"{name}: a {type(out).__name__} while the package was "
+            f"{'installed' if installed else 'uninstalled'} all through the call")
+  return None
 
 
 def run_install_race(race: InstallRace) -> dict:
@@ -130,14 +180,21 @@ def run_install_race(race: InstallRace) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     uses = _uses(tmp)
     stop = threading.Event()
+    swaps = [0]  # odd while a swap runs
 
     def worker(names):
       i = 0
       while not stop.is_set():
         name = names[i % len(names)]
         i += 1
+        before = swaps[0]
+        installed = jse.is_installed()
         try:
           out, expected = uses[name]()
+          steady = before == swaps[0] and before % 2 == 0
+          wrong = _kind_of_output(name, out, installed if steady else None)
+          if wrong:
+            bad.append(wrong)
           np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6)
           kind = "ran"
         except RuntimeError as e:
@@ -145,7 +202,7 @@ def run_install_race(race: InstallRace) -> dict:
             bad.append(f"{name}: {e!r}"[:600])
           kind = "uninstalled"
         except ValueError as e:
-          if not (name in ("ordered_print", "shard_map_print") and _STOCK_ORDERED in str(e)):
+          if not (name in _ORDERED and _STOCK_ORDERED in str(e)):
             bad.append(f"{name}: {e!r}"[:600])
           kind = "stock"
         except Exception as e:
@@ -159,10 +216,12 @@ def run_install_race(race: InstallRace) -> dict:
     try:
       for pause in race.pauses:
         time.sleep(pause)
+        swaps[0] += 1
         if jse.is_installed():
           jse.uninstall()
         else:
           jse.install()
+        swaps[0] += 1
     finally:
       jse.install()
       time.sleep(0.05)
@@ -173,9 +232,26 @@ def run_install_race(race: InstallRace) -> dict:
     jax.effects_barrier()
     assert not bad, f"{len(bad)} calls failed otherwise than the model allows:\n" + \
         "\n".join(bad[:5])
-    for name, use in uses.items():  # installed again: every use works
+    for name, use in uses.items():  # installed again: every use works (and is warm)
       out, expected = use()
       np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6, err_msg=name)
+    jse.uninstall()  # uninstalled: no GDA from anything warmed or compiled while installed,
+    try:  # and stock's refusal of an ordered effect on several devices
+      for name in _FLAG_USES:
+        out, _ = uses[name]()
+        wrong = _kind_of_output(name, out, False)
+        assert not wrong, wrong + " (after the race)"
+      try:
+        uses["warm_ordered_print"]()
+        raise AssertionError("a warm jit ran its ordered print on 8 devices after uninstall()")
+      except ValueError as e:
+        assert _STOCK_ORDERED in str(e), e
+    finally:
+      jse.install()
+    for name in _FLAG_USES:  # and installed, the flag's GDAs again
+      out, _ = uses[name]()
+      wrong = _kind_of_output(name, out, True)
+      assert not wrong, wrong + " (installed after the race)"
   return outcomes
 
 

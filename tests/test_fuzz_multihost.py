@@ -44,7 +44,16 @@ import numpy as np
 import pytest
 from _fuzz import FUZZ, LOG, budget, save_found
 from hypothesis import given
-from strategies import MH_LOCAL_DEVICES, MH_PROCESSES, MhCase, MhChange, MhLeaf, mh_cases
+from strategies import (
+  MH_LOCAL_DEVICES,
+  MH_MESHES,
+  MH_PROCESSES,
+  MH_SPECS,
+  MhCase,
+  MhChange,
+  MhLeaf,
+  mh_cases,
+)
 
 pytestmark = pytest.mark.fuzz
 
@@ -485,7 +494,8 @@ def _conversion(case: MhCase, p: int) -> tuple[dict, list[str]]:
                           f"{np.asarray(x)!r:.200}")
     return record, problems
   got, want = jax.tree.leaves(out), jax.tree.leaves(sout)
-  kinds = [isinstance(x, GDA) for x in jax.tree.leaves(tree)]
+  inputs = jax.tree.leaves(tree)
+  kinds = [isinstance(x, GDA) for x in inputs]
   if len(got) != len(want):
     return record, [f"{len(got)} leaves, stock {len(want)}"]
   for i, (g, w) in enumerate(zip(got, want, strict=True)):
@@ -499,11 +509,33 @@ def _conversion(case: MhCase, p: int) -> tuple[dict, list[str]]:
     if not (isinstance(g.sharding, NamedSharding) and g.sharding.is_equivalent_to(w.sharding,
                                                                                     g.ndim)):
       problems.append(f"leaf {i}: sharding {g.sharding}, stock {w.sharding}")
+    if case.op == "global_array_to_host_local_array" and not isinstance(inputs[i], jax.Array):
+      # A host value is the global value: this process gets its part (stock
+      # slices it by the global shape, which is wrong where the local mesh
+      # is smaller: for a size-0 dimension it returns shards of another shape).
+      part = _local_part(np.asarray(inputs[i]), mesh, pspecs)
+      if not np.array_equal(np.asarray(g), part.astype(g.dtype)):
+        problems.append(f"leaf {i}: {np.asarray(g)!r:.200}, this process's part of the "
+                        f"global value is {part!r:.200}")
+      continue
     by_device = {s.device: np.asarray(s.data) for s in w.addressable_shards}
     for s in g.addressable_shards:
       if not np.array_equal(np.asarray(s.data), by_device.get(s.device)):
         problems.append(f"leaf {i}: the shard on {s.device} differs from stock's")
   return record, problems
+
+
+def _local_part(value: np.ndarray, mesh: Any, spec: Any) -> np.ndarray:
+  """The block of the global `value` this process's devices hold (a
+  contiguous block: the conversion needs the local devices to form one)."""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+  indices = NamedSharding(mesh, spec if spec is not None else P()).addressable_devices_indices_map(
+      value.shape).values()
+  block = tuple(slice(min(ix[d].indices(n)[0] for ix in indices),
+                      max(ix[d].indices(n)[1] for ix in indices))
+                for d, n in enumerate(value.shape))
+  return value[block]
 
 
 def run_case(case: MhCase, p: int, n: int) -> dict:
@@ -641,6 +673,28 @@ def _report(failing) -> str:
 BATCH = 80
 
 
+def sweep() -> list[MhCase]:
+  """Cases a batch of random ones reaches rarely: each conversion with a GDA
+  leaf over every mesh and spec (the conversion of a GDA spanning processes
+  with `None` specs onto this process's devices was one in 1,600), and
+  collectives on trees that differ between processes only where their
+  descriptions keep their length (a shape's dimensions swapped, float32 for
+  float64, one element)."""
+  leaf = MhLeaf("gda", "float32", (8, 4))
+  cases = [MhCase(op, ("dict", (("a", leaf),)), mesh=mesh, pspecs=spec)
+           for op in ("host_local_array_to_global_array", "global_array_to_host_local_array")
+           for mesh in MH_MESHES for spec in MH_SPECS]
+  tree = ("dict", (("a", MhLeaf("numpy", "float32", (2, 3))),
+                   ("b", MhLeaf("jax", "float32", (4,)))))
+  for op in ("assert_equal", "process_allgather", "broadcast_one_to_all"):
+    for change in (MhChange(1, "shape", (0,), (3, 2)), MhChange(1, "dtype", (0,), "float64"),
+                   MhChange(1, "dtype", (1,), "float64"), MhChange(0, "value", (1,), 2)):
+      if op != "assert_equal" and change.kind == "value":
+        continue  # the others take differing values
+      cases.append(MhCase(op, tree, (change,)))
+  return cases
+
+
 def _draw(n: int) -> list[MhCase]:
   batch: list[MhCase] = []
 
@@ -658,12 +712,15 @@ def test_multihost_helpers_agree_or_every_process_raises_clearly():
   gathered / broadcast values; otherwise every process raises the same
   clear error naming the path or argument (or stock's own ValueError /
   TypeError); never a hang, a crash or a bare XLA error."""
-  batch = _draw(BATCH)
+  batch = _draw(BATCH) + sweep()
   failing = sorted(((c, e) for c, e in run_cases(batch) if e), key=lambda ce: len(repr(ce[0])))
   if not failing:
     return
-  if FUZZ:
-    save_found("test_fuzz_multihost:check_cases", (failing[0][0],))
+  if FUZZ:  # the smallest failing case; the batch up to it for `verify_found`
+    first = failing[0][0]
+    upto = next(i for i, c in enumerate(batch) if c is first)
+    save_found("test_fuzz_multihost:check_cases", (first,), before=[],
+               context=tuple(batch[:upto + 1]))
   if LOG:
     with open(LOG, "a") as f:
       for case, problems in failing:

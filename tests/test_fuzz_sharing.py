@@ -178,6 +178,26 @@ def _addresses(leaf) -> frozenset:
   return buffers.addresses(leaf, owned=False)
 
 
+def _freed(leaf) -> bool:
+  """Ground truth: a buffer of the leaf's was freed (by it, or by donating or
+  deleting another array over that buffer): its own single-device arrays
+  say so, each reading its buffer's state."""
+  from jax_sharding_ext import GlobalDeviceArray as GDA
+  from jax_sharding_ext._jax import buffers
+  arr = leaf._arr if isinstance(leaf, GDA) else leaf
+  return arr.is_deleted() or any(a.is_deleted() for a in buffers.single_device_arrays(arr))
+
+
+def _check_deleted_as_freed(pool: list) -> None:
+  """Every GDA still held says it is deleted exactly when a buffer of its was freed."""
+  from jax_sharding_ext import GlobalDeviceArray as GDA
+  for i, v in enumerate(pool):
+    if isinstance(v, GDA) and v.is_deleted() != _freed(v):
+      raise AssertionError(f"value {i}: is_deleted() is {v.is_deleted()}, but "
+                           f"{'a buffer of it was' if _freed(v) else 'no buffer of it was'} "
+                           "freed")
+
+
 def _function(p: SharingProgram):
   """A fresh function of `p`'s form; every output can alias an input."""
   import jax
@@ -245,8 +265,8 @@ def _judge(leaves: list, donated_leaf: list) -> str:
   "alias" (a donated buffer is shared, a GDA one of the two), "stock" (only
   plain `jax.Array`s are at fault: stock's concern) or "run"."""
   from jax_sharding_ext import GlobalDeviceArray as GDA
-  if any(leaf.is_deleted() for leaf in leaves):
-    return ("deleted" if any(leaf.is_deleted() and isinstance(leaf, GDA) for leaf in leaves)
+  if any(_freed(leaf) for leaf in leaves):
+    return ("deleted" if any(_freed(leaf) and isinstance(leaf, GDA) for leaf in leaves)
             else "stock")
   where = [_addresses(leaf) for leaf in leaves]
   alias = stock_only = False
@@ -335,6 +355,7 @@ def run_sharing_program(p: SharingProgram) -> list[str]:
     assert deleted == [x.is_deleted() for x in fresh], (
         f"call {len(outcomes)}: deleted after the call: {deleted}; the fresh copies: "
         f"{[x.is_deleted() for x in fresh]}")
+    _check_deleted_as_freed(pool)
     pool.extend(out)
     hosts.extend(np.asarray(e) for e in expected)
   return outcomes
@@ -379,4 +400,20 @@ def _sweep() -> list:
 @pytest.mark.parametrize("program", _sweep())
 def test_each_route_and_warmth_donating_the_gda_next_to_what_it_made(program):
   """The model of the fuzzer above, on each route's smallest program."""
+  isolated("test_fuzz_sharing:run_sharing_program", program)
+
+
+# A callback route over a replicated layout adopts one buffer of the GDA (the
+# last device's copy is every index's value), so donating what it made frees
+# that one buffer under the GDA, which must then say it is deleted.
+_ONE_BUFFER = [
+    SharingProgram(mesh=MeshSpec((2,), ("x",), (0, 1)), spec=(), shape=(4,), dtype="float32",
+                   sources=("gda",), derived=((route, 0),), calls=((("leaf", 1),),),
+                   donate=(True,), form="argnums", warm="cold")
+    for route in ("callback_arrays", "batched_callback_arrays", "callback_with_devices")]
+
+
+@pytest.mark.parametrize("program", _ONE_BUFFER, ids=[p.derived[0][0] for p in _ONE_BUFFER])
+def test_a_gda_says_it_is_deleted_when_one_of_its_buffers_was_donated_elsewhere(program):
+  """The model above on programs that free one of the GDA's buffers, not its first."""
   isolated("test_fuzz_sharing:run_sharing_program", program)

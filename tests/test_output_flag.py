@@ -198,6 +198,25 @@ def test_a_compiled_follows_the_flag_it_was_compiled_under(mesh_2d, when_compile
     np.testing.assert_array_equal(np.asarray(out), 3 * data)
 
 
+def test_a_compiled_made_under_the_flag_returns_jax_arrays_after_uninstall(
+    mesh_2d, fresh_registry):
+  """Uninstalled, no GDA comes out of anything: a `Compiled` made (and
+  called) under the flag returns plain `jax.Array`s, which JAX then takes
+  (a GDA would be refused as uninstalled); installed again, GDAs."""
+  arr = jax.device_put(np.arange(64.0).reshape(8, 8), NamedSharding(mesh_2d, P("x", "y")))
+  with parallel_functions_output_gda(True):
+    compiled = jax.jit(lambda v: v * 3).lower(arr).compile()
+    assert type(compiled(arr)) is GlobalDeviceArray
+  jax_sharding_ext.uninstall()
+  for _ in range(2):
+    out = compiled(arr)
+    assert type(out) is not GlobalDeviceArray, type(out)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: v + 1)(out)),
+                                  np.asarray(arr) * 3 + 1)
+  jax_sharding_ext.install()
+  assert type(compiled(arr)) is GlobalDeviceArray
+
+
 def test_jax_array_option_is_there_for_gda_era_branches():
   """Code of JAX 0.3.18-0.4.x branches on `jax.config.jax_array` (flax,
   praxis, t5x `get_local_data`, orbax); it reads False by default, so such

@@ -203,6 +203,81 @@ def test_run_functions_work_inside_a_running_event_loop(mesh_2d, tmp_path):
     np.testing.assert_array_equal(np.asarray(out), data)
 
 
+@pytest.mark.parametrize("in_loop", [False, True], ids=["script", "inside an event loop"])
+def test_the_transfer_guard_judges_checkpoint_calls_inside_an_event_loop_too(
+    in_loop, mesh_2d, tmp_path):
+  """Inside a running event loop (a notebook cell) the synchronous calls run
+  their work on a helper thread; the caller's guard still judges them, as
+  stock's judges the same calls on a `jax.Array` (a restore places host data
+  explicitly: refused under "disallow_explicit"; whether a save's copies to
+  the host are refused differs between JAX releases)."""
+  gda, _ = _gda(mesh_2d, P("x"))
+  arr, sharding = gda.to_jax_array(), NamedSharding(mesh_2d, P("x"))
+  serialization.run_serialization([gda], [_spec(tmp_path, "saved")])
+  manager = serialization.GlobalAsyncCheckpointManager()
+  stock_manager = stock.GlobalAsyncCheckpointManager()
+  calls = {  # name: (call, stock's call on a jax.Array, the path a save writes)
+      "run_serialization": (
+          lambda: serialization.run_serialization([gda], [_spec(tmp_path, "a")]),
+          lambda: stock.run_serialization([arr], [_spec(tmp_path, "stock_a")]), "a"),
+      "manager.serialize": (
+          lambda: manager.serialize([gda], [_spec(tmp_path, "b")], on_commit_callback=lambda: None),
+          lambda: stock_manager.serialize([arr], [_spec(tmp_path, "stock_b")],
+                                          on_commit_callback=lambda: None), "b"),
+      "run_deserialization": (
+          lambda: serialization.run_deserialization([mesh_2d], [P("x")], [_spec(tmp_path, "saved")]),
+          lambda: stock.run_deserialization([sharding], [_spec(tmp_path, "saved")]), None),
+      "manager.deserialize": (
+          lambda: manager.deserialize([sharding], [_spec(tmp_path, "saved")]),
+          lambda: stock_manager.deserialize([sharding], [_spec(tmp_path, "saved")]), None),
+  }
+
+  def guarded(call):
+    with jax.transfer_guard("disallow_explicit"):
+      call()
+
+  async def cell(call):
+    guarded(call)
+
+  refused = []
+  for name, (call, stock_call, written) in calls.items():
+    try:
+      guarded(stock_call)
+      stock_refused = False
+    except jax.errors.JaxRuntimeError:
+      stock_refused = True
+    if stock_refused:
+      refused.append(name)
+      with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed"):
+        asyncio.run(cell(call)) if in_loop else guarded(call)
+      assert written is None or not (tmp_path / written).exists(), name
+    else:
+      asyncio.run(cell(call)) if in_loop else guarded(call)
+  manager.wait_until_finished()
+  stock_manager.wait_until_finished()
+  assert {"run_deserialization", "manager.deserialize"} <= set(refused), refused
+
+
+def test_a_float64_checkpoint_restores_as_float64_under_enable_x64_inside_an_event_loop(
+    mesh_2d, tmp_path):
+  """`jax.enable_x64` on the calling thread reaches the helper thread that
+  restores inside an event loop: float64 stays float64, as outside a loop."""
+  data = np.arange(16, dtype=np.float64).reshape(8, 2) / 3
+  with jax.enable_x64(True):
+    gda = GlobalDeviceArray.from_callback(data.shape, mesh_2d, P("x"), lambda i: data[i])
+    serialization.run_serialization([gda], [_spec(tmp_path, "w")])
+
+  async def cell():
+    with jax.enable_x64(True):
+      return (serialization.run_deserialization([mesh_2d], [P("x")], [_spec(tmp_path, "w")])[0],
+              serialization.GlobalAsyncCheckpointManager().deserialize(
+                  [NamedSharding(mesh_2d, P("x"))], [_spec(tmp_path, "w")])[0])
+  for out in asyncio.run(cell()):
+    assert out.dtype == np.float64, out.dtype
+    with jax.enable_x64(True):
+      np.testing.assert_array_equal(np.asarray(out), data)
+
+
 # -- the manager ------------------------------------------------------------------
 
 

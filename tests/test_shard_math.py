@@ -86,6 +86,22 @@ def test_bad_mesh_axes_type_errors(mesh_2d, axes):
     get_shard_indices((8, 8), mesh_2d, axes)
 
 
+@pytest.mark.parametrize("axes,shape", [([()], ()), ((None, ()), (8,)), (["x", ()], (8,)),
+                                         ([(), ()], (8, 2))])
+def test_an_empty_tuple_of_axes_splits_nothing_as_in_a_partition_spec(mesh_2d, axes, shape):
+  """`()` names no mesh axis: `None`, as `PartitionSpec` reads it (stock
+  makes `P(())` `P(None)`), also beyond the rank, in a list or tuple."""
+  from jax_sharding_ext import GlobalDeviceArray
+  want = NamedSharding(mesh_2d, P(*[None if e == () else e for e in axes][:len(shape)]))
+  assert get_shard_shape(shape, mesh_2d, axes) == want.shard_shape(shape)
+  got = get_shard_indices(shape, mesh_2d, axes)
+  assert [_norm(got[d], shape) for d in mesh_2d.devices.flat] == [
+      _norm(want.devices_indices_map(shape)[d], shape) for d in mesh_2d.devices.flat]
+  data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+  gda = GlobalDeviceArray.from_callback(shape, mesh_2d, axes, lambda i: data[i])
+  np.testing.assert_array_equal(np.asarray(gda), data)
+
+
 def test_bad_mesh_type():
   with pytest.raises(TypeError, match="global_mesh"):
     get_shard_indices((8,), "not a mesh", ["x"])

@@ -104,7 +104,8 @@ def canonical_mesh_axes(mesh_axes: MeshAxes) -> tuple[str | tuple[str, ...] | No
           f"`mesh_axes` entry {entry!r} for dimension {dim} must be a mesh axis "
           "name (str), a tuple of axis names, or None.")
     names = tuple(str(n) for n in names)
-    out.append(names[0] if isinstance(entry, str) else names)
+    # An empty tuple of names splits nothing: `None`, as `PartitionSpec` reads it.
+    out.append(names[0] if isinstance(entry, str) else names or None)
   return tuple(out)
 
 

@@ -1,5 +1,10 @@
 """Running a checkpoint coroutine from any thread, also where this thread
 already runs an event loop (a Jupyter notebook): `call` and `run`.
+
+Work moved to a helper thread runs under the caller's thread-local JAX
+settings (`jax_config.thread_settings`): its transfer guards, `enable_x64`,
+dtype promotion, default device, meshes and the output flag, as if the
+caller had run it.
 """
 
 from __future__ import annotations
@@ -8,6 +13,8 @@ import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from jax_sharding_ext._jax import config as jax_config
 
 
 def _loop_is_running() -> bool:
@@ -20,15 +27,18 @@ def _loop_is_running() -> bool:
 
 def call(fn: Callable[[], Any]) -> Any:
   """`fn()`, on a helper thread if this thread runs an event loop (where
-  `asyncio.run`, used by stock and by us, refuses to start). `fn` never runs
-  inside an `except` block, so its errors carry no chained exception of ours."""
+  `asyncio.run`, used by stock and by us, refuses to start), under this
+  thread's settings. `fn` never runs inside an `except` block, so its errors
+  carry no chained exception of ours."""
   if not _loop_is_running():
     return fn()
   result: dict[str, Any] = {}
+  settings = jax_config.thread_settings()
 
   def target():
     try:
-      result["value"] = fn()
+      with jax_config.applied(settings):
+        result["value"] = fn()
     except BaseException as e:  # re-raised in the caller's thread
       result["error"] = e
   t = threading.Thread(target=target, name="jax_sharding_ext.serialization")

@@ -19,7 +19,9 @@ chosen when an executable is compiled, so flipping the flag has to select a
 different executable from every cache (the C++ dispatch cache and the Python
 lowering/compilation caches), or a cached one would keep returning the old
 type. An AOT `Compiled` (`jit(f).lower(x).compile()`) keeps the flag it was
-compiled under, as in the GDA era.
+compiled under, as in the GDA era, while the package is installed: after
+`uninstall()` no GDA comes out of anything, so its outputs are `jax.Array`s
+then (`uninstall()` cannot reach a `Compiled` the user holds).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 from jax.sharding import NamedSharding
 
 from jax_sharding_ext._array.gda import GlobalDeviceArray
+from jax_sharding_ext._edit import STATE
 from jax_sharding_ext._jax import config as jax_config
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
@@ -61,7 +64,7 @@ jax_array = jax_config.define_bool_flag(
 
 
 def _wrap_output(arr):
-  return GlobalDeviceArray._wrap(arr)
+  return GlobalDeviceArray._wrap(arr) if STATE.installed else arr
 
 
 def result_handler(aval, sharding, committed):

@@ -27,6 +27,24 @@ def none_as_replicated(pspecs: Any) -> Any:
                                 pspecs, is_leaf=lambda x: x is None)
 
 
+def has_none(pspecs: Any) -> bool:
+  """Whether `pspecs` has a `None` (which `none_as_replicated` replaces)."""
+  return any(s is None for s in jax.tree_util.tree_leaves(pspecs, is_leaf=lambda x: x is None))
+
+
+def none_not_replicable(fn: str, global_mesh: Any, error: BaseException) -> ValueError:
+  """The error for a `None` spec (replicated) that stock cannot honour: an
+  input spanning other processes that is not already replicated over
+  `global_mesh` (stock raises `NotImplementedError` for `PartitionSpec()`
+  there, and a `ValueError` for any `None`)."""
+  return ValueError(
+      f"`{fn}`: `None` is not a valid input to the pspecs argument for an input that spans "
+      "other processes' devices and is not replicated over `global_mesh` "
+      f"{dict(global_mesh.shape)}: a `None` spec means replicated (`PartitionSpec()`), as in "
+      f"GDA-era pjit, and JAX cannot reshard such an input ({error}). Give the input's own "
+      "`PartitionSpec` over its mesh in `pspecs`.")
+
+
 def checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
   """Check `fn`'s arguments, naming the one that is wrong (stock fails on
   them with an `AttributeError`, an `IndexError` or an exception of its own
@@ -40,7 +58,9 @@ def checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
   over `global_mesh`. A Python scalar leaf is taken as its numpy value, and
   for `host_local_array_to_global_array` a concrete device array of another
   sharding is placed on the local sharding first (stock fails inside
-  `batched_device_put` for a multi-device array it must slice). The checks
+  `batched_device_put` for a multi-device array it must slice), and for
+  `global_array_to_host_local_array` a host value becomes the global array
+  it is the value of. The checks
   read only shapes, which are static, so they also run on traced leaves; a
   traced leaf is handed to stock unchanged.
   """
@@ -83,7 +103,9 @@ def checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
         return _fits_local_mesh(fn, x, where, shape, spec, global_mesh)
       _fits_global_mesh(fn, where, shape, spec, global_mesh)
       _local_mesh(fn, global_mesh)
-      return x
+      if not isinstance(x, jax.Array | jax.core.Tracer) and np.asarray(x).dtype.kind in "biufc":
+        return _global_from_host(x, spec, global_mesh)
+      return x  # (anything else: stock's own error)
     out.append(jax.tree_util.tree_map_with_path(one, sub))
   return jax.tree_util.tree_unflatten(spec_def, out)
 
@@ -120,6 +142,16 @@ def _fits_global_mesh(fn: str, where: str, shape: tuple, spec: PartitionSpec,
           f"`{fn}`: the global input {where} of shape {shape} cannot be split with "
           f"pspec {spec}: its dimension {dim} ({shape[dim]}) must divide evenly over the "
           f"{parts} devices along {entry!r} of `global_mesh` {dict(global_mesh.shape)}.")
+
+
+def _global_from_host(x: Any, spec: PartitionSpec, global_mesh: jax.sharding.Mesh) -> Any:
+  """A host value given to `global_array_to_host_local_array` as the global
+  array it is the value of. (Stock slices a numpy leaf by its global shape
+  over the local mesh: wrong, an XLA error, once the local mesh is smaller
+  than the global one.)"""
+  value = np.asarray(x)
+  return jax.make_array_from_callback(value.shape, NamedSharding(global_mesh, spec),
+                                      lambda index: value[index])
 
 
 def _local_mesh(fn: str, global_mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:

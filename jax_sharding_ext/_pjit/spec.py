@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec
 
 from jax_sharding_ext._array.records import FromGda, Sentinel, is_spec_leaf
 from jax_sharding_ext._dispatch.donation import parse_argnums, rebase_donate_argnums
+from jax_sharding_ext._jax import donation as jax_donation
 
 
 class _Unspecified(Sentinel):
@@ -160,7 +161,8 @@ def signature_info(fun: Callable) -> tuple[dict[str, int], int | None]:
 
 def check_static_donate(static: Iterable[int], donate: Iterable[int], num_args: int) -> None:
   """The old pjit's rule, negative positions included: an argument cannot be
-  both static and donated."""
-  def norm(nums):
-    return [i % num_args for i in nums if -num_args <= i < num_args]
-  rebase_donate_argnums(norm(donate), norm(static))
+  both static and donated. A negative donated position names an argument
+  only where this JAX's `jax.jit` reads it so (see `donation_vector`)."""
+  def norm(nums, negative=True):
+    return [i % num_args for i in nums if -num_args <= i < num_args and (negative or i >= 0)]
+  rebase_donate_argnums(norm(donate, jax_donation.JIT_COUNTS_NEGATIVE_ARGNUMS), norm(static))
