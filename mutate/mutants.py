@@ -78,7 +78,7 @@ MUTANTS = (
            "`f(donate(x), x)` with the same GDA passed first donated runs, and the process "
            "crashes on several devices."),
     Mutant("gda-never-shared", "sharing and donation", _D + "_dispatch/donation.py",
-           "      arrays[i], may_share[i] = (x._arr, True), x._shared",
+           "      arrays[i], may_share[i] = (x._arr, True), family.is_shared(x)",
            "      arrays[i], may_share[i] = (x._arr, True), False",
            "Donating a GDA next to its own `to_jax_array()` is not refused: the process "
            "crashes or reads freed memory."),
@@ -92,8 +92,8 @@ MUTANTS = (
            "After `to_jax_array()` the GDA still counts as its buffers' only owner, so "
            "donating it next to that array runs."),
     Mutant("warm-call-trusts-one-donated-alias", "sharing and donation", _D + "_jax/dispatch.py",
-           "    _record(x, n_like == 1 or n_donated == 0)",
-           "    _record(x, n_like == 1 or n_donated <= 1)",
+           "    if n_like > 1 and n_donated:",
+           "    if n_like > 1 and n_donated > 1:",
            "A warm call that donates a GDA next to an array over its buffers takes the fast "
            "path unchecked."),
     # -- buffer watching -------------------------------------------------------------
@@ -102,13 +102,13 @@ MUTANTS = (
            "  return () if arrays is None else tuple(arrays[2:])",
            "A GDA whose second shard's buffer another array donated is passed to jit as live: "
            "a crash or stale data."),
-    Mutant("watch-misses-the-last-shard", "buffer watching", _D + "_jax/buffers.py",
-           "  for a in later:\n    if a.is_deleted():",
-           "  for a in later[:-1]:\n    if a.is_deleted():",
+    Mutant("watch-misses-the-last-shard", "buffer watching", _D + "_jax/dispatch.py",
+           "    if not later or not any(map(_is_deleted, later)):",
+           "    if not later or not any(map(_is_deleted, later[:-1])):",
            "A GDA whose last shard was freed through another array still reads as live."),
-    Mutant("shared-mark-keeps-stale-watch", "buffer watching", _D + "_array/family.py",
-           "  if not gda._shared:\n    gda._later = None\n",
-           "  if not gda._shared:\n    gda._later = ()\n",
+    Mutant("shared-mark-keeps-stale-watch", "buffer watching", _D + "_jax/dispatch.py",
+           "      view._shared = True\n      view._later = None\n",
+           "      view._shared = True\n      view._later = ()\n",
            "A GDA marked shared never watches its shards: freeing one through another array "
            "goes unseen."),
     # -- checkpoint integrity and locations -------------------------------------------
@@ -208,16 +208,16 @@ MUTANTS = (
            "Under \"disallow_explicit\" a GDA's `jax.device_put` and `device_get` run."),
     # -- transfer ledger ------------------------------------------------------------------
     Mutant("implicit-fetch-not-recorded", "transfer ledger", _D + "_transfers/moves.py",
-           "    if ledger.open_count:  # only the ledger needs to know",
-           "    if ledger.open_count and explicit:  # only the ledger needs to know",
+           "    if ledger.OPEN:  # only the ledger needs to know",
+           "    if ledger.OPEN and explicit:  # only the ledger needs to know",
            "`np.asarray(gda)` is missing from the transfer ledger."),
     Mutant("reshard-counts-one-shard", "transfer ledger", _D + "_transfers/moves.py",
            "      nbytes = math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize * len(dst)",
            "      nbytes = math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize",
            "The ledger reports a reshard's bytes as one shard's."),
     Mutant("outer-ledger-misses-records", "transfer ledger", _D + "_transfers/ledger.py",
-           "  for ledger in open_ledgers():",
-           "  for ledger in open_ledgers()[-1:]:",
+           "  for ledger in stack:\n    ledger._pending.append(entry)",
+           "  for ledger in stack[-1:]:\n    ledger._pending.append(entry)",
            "A transfer inside a nested ledger is missing from the outer one."),
     Mutant("placement-counts-one-replica", "transfer ledger", _D + "_transfers/moves.py",
            "sum(math.prod(np.shape(values[i])) for i in idx) * itemsize",
@@ -234,8 +234,8 @@ MUTANTS = (
            "On a 2-D mesh `sharded_callback` gets another shard's index and device."),
     Mutant("sharded-callback-first-index", "ordered effects",
            _D + "_effects/sharded_callback.py",
-           "    self.fn(np.asarray(data), index, device)",
-           "    self.fn(np.asarray(data), self.shards[0][0], device)",
+           "    self.fn(data, index, device)",
+           "    self.fn(data, self.shards[0][0], device)",
            "`sharded_callback` reports every shard at the first shard's index."),
     Mutant("auto-sharded-ordered-lowered-stock", "ordered effects", _D + "_effects/lowering.py",
            '      if not jax_effects.is_ordered_effect(effect) or kind in ("single", "other"):',
