@@ -46,12 +46,12 @@ import numpy as np
 from jax.experimental import multihost_utils as _stock
 
 from jax_sharding_ext._array import gda as _gda
+from jax_sharding_ext._jax import tables as _jax_tables
 from jax_sharding_ext._jax import tracebacks as _tracebacks
 from jax_sharding_ext._multihost import agree as _agree
 from jax_sharding_ext._multihost import checks as _checks
 
 # Stock names that take no array data: the same objects.
-ProcessFailureError = _stock.ProcessFailureError
 live_devices = _stock.live_devices
 reached_preemption_sync_point = _stock.reached_preemption_sync_point
 sync_global_devices = _stock.sync_global_devices
@@ -61,8 +61,13 @@ ltg_abstract_eval = _stock.ltg_abstract_eval
 ltg_batcher = _stock.ltg_batcher
 gtl_abstract_eval = _stock.gtl_abstract_eval
 
+# Stock names not every supported JAX has (`ProcessFailureError`, jax 0.10.1
+# and later): present here exactly when stock has them.
+_optional_stock_names = _jax_tables.optional_multihost_names()
+globals().update(_optional_stock_names)
+
 __all__ = [
-    "ProcessFailureError",
+    *_optional_stock_names,
     "assert_equal",
     "broadcast_one_to_all",
     "global_array_to_host_local_array",

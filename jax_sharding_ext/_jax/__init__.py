@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import jax
 
-MIN_JAX = (0, 10, 2)
+MIN_JAX = (0, 8, 3)
 MAX_JAX_EXCLUSIVE = (0, 13, 0)
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:3])
 
