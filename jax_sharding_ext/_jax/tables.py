@@ -263,9 +263,11 @@ class _DictCanonicalizeEdit(TableEdit):
                      typ, _canonicalize_switch)
 
 
-CanonicalizeEdit: type[Edit] = (
-    _DictCanonicalizeEdit if CANONICALIZE_TABLE_IS_DICT else _RegisteredCanonicalizeEdit)
-"""The edit that makes JAX canonicalise values of a type as the identity."""
+def CanonicalizeEdit(typ: type) -> Edit:  # named as the class it returns
+  """The edit that makes JAX canonicalise values of `typ` as the identity."""
+  if CANONICALIZE_TABLE_IS_DICT:
+    return _DictCanonicalizeEdit(typ)
+  return _RegisteredCanonicalizeEdit(typ)
 
 
 def canonicalize_value(x: Any) -> Any:
