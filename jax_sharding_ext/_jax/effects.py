@@ -48,7 +48,7 @@ from jax_sharding_ext._edit import Edit, replaced_error
 from jax_sharding_ext._jax.tables import MISSING
 
 Effect = _fx_effects.Effect
-"""Base class of every JAX effect (also public as `jax.extend.core.Effect`)."""
+"""Base class of every JAX effect (also public as `jax.extend.core.Effect` since jax 0.10.0)."""
 
 EFFECT_TYPE_SET_NAMES = (
     "ordered_effects", "shardable_ordered_effects", "lowerable_effects",
@@ -309,6 +309,14 @@ def operand_sharding(ctx, value) -> tuple[Any, tuple[str, ...], tuple] | None:
   if da is None:
     return None
   attr = None
+  if not isinstance(value, _fx_ir.BlockArgument | _fx_ir.OpResult):
+    # jaxlib 0.8.x's MLIR bindings hand lowering rules plain `ir.Value`s
+    # (later ones give the concrete class), cast by the class's own test.
+    for cls in (_fx_ir.BlockArgument, _fx_ir.OpResult):
+      test = getattr(cls, "isinstance", None)
+      if test is not None and test(value):
+        value = cls(value)
+        break
   if isinstance(value, _fx_ir.BlockArgument):
     owner = value.owner.owner
     if isinstance(owner, _fx_func.FuncOp) and owner.arg_attrs is not None:
