@@ -61,10 +61,11 @@ ltg_abstract_eval = _stock.ltg_abstract_eval
 ltg_batcher = _stock.ltg_batcher
 gtl_abstract_eval = _stock.gtl_abstract_eval
 
-# Stock names not every supported JAX has (`ProcessFailureError`, jax 0.10.1
-# and later): present here exactly when stock has them.
+# Stock names not every supported JAX has: present here exactly when stock
+# has them.
 _optional_stock_names = _jax_tables.optional_multihost_names()
-globals().update(_optional_stock_names)
+if "ProcessFailureError" in _optional_stock_names:
+  ProcessFailureError = _optional_stock_names["ProcessFailureError"]
 
 __all__ = [
     *_optional_stock_names,

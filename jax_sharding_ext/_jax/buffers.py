@@ -167,4 +167,9 @@ def shares_buffers(arr: Any, own: Any) -> bool:
 
 def weakly_typed(arr: Any) -> Any:
   """A `jax.Array` over `arr`'s buffers with a weakly typed aval (no copy)."""
-  return arr._rewrap_with_aval_and_sharding(arr.aval.update(weak_type=True), arr.sharding)
+  aval = arr.aval.update(weak_type=True)
+  if hasattr(arr, "_rewrap_with_aval_and_sharding"):
+    return arr._rewrap_with_aval_and_sharding(aval, arr.sharding)
+  # jax 0.8.x has no rewrap: the array is assembled from its single-device arrays.
+  return ArrayImpl(aval, arr.sharding, single_device_arrays(arr), committed=arr._committed,
+                   _skip_checks=True)
