@@ -82,12 +82,19 @@ class Run:
     return "\n".join(parts)
 
 
+# Warnings JAX raises from its own code about its own names (pyproject's
+# filterwarnings has them too): JAX 0.8.x's multihost_utils reads its
+# deprecated `jax.sharding.PmapSharding`.
+STOCK_WARNINGS_IGNORED = ("-W", "ignore:jax.sharding.PmapSharding is deprecated:DeprecationWarning")
+
+
 def _start(script, i, num_processes, port, local_devices, args, env):
   # Output goes to files, not pipes: nothing reads a pipe until the workers
   # end, and a worker that printed more than a pipe holds would block.
   out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
   p = subprocess.Popen(
-      [sys.executable, "-W", "error", str(script), str(i), str(num_processes), str(port),
+      [sys.executable, "-W", "error", *STOCK_WARNINGS_IGNORED, str(script), str(i),
+       str(num_processes), str(port),
        str(local_devices), *map(str, args)],
       stdout=out, stderr=err, env=env, cwd=str(REPO), start_new_session=True)
   p.outputs = (out, err)
