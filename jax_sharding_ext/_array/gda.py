@@ -337,7 +337,8 @@ class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface,
     arr = copy.deepcopy(self._checked_array("copy it"), memo)
     return type(self)._wrap(arr, copy.deepcopy(self.mesh_axes, memo))
 
-  def __array__(self, dtype: Any = None, context: None = None,
+  # (JAX 0.8.x's `basearray.pyi` declares no `context`; JAX 0.10 does.)
+  def __array__(self, dtype: Any = None, context: None = None,  # type: ignore[override, unused-ignore]
                 copy: bool | None = None) -> np.ndarray:
     # As for the same `jax.Array`: the value is fetched once and kept on the
     # host; `copy=False` returns that copy (an error only where `dtype` needs

@@ -40,12 +40,17 @@ from jax._src import effects as _fx_effects
 from jax._src import sharding_impls as _fx_sharding_impls
 from jax._src.interpreters import mlir as _fx_mlir
 from jax._src.lib import xla_client as _fx_xc
-from jax._src.lib.mlir import ir as _fx_ir
+from jax._src.lib.mlir import ir as _ir_module
 from jax._src.lib.mlir.dialects import func as _fx_func
-from jax._src.lib.mlir.dialects import sdy as _fx_sdy
+from jax._src.lib.mlir.dialects import sdy as _sdy_module
 
 from jax_sharding_ext._edit import Edit, replaced_error
 from jax_sharding_ext._jax.tables import MISSING
+
+# Untyped: jaxlib 0.8.x's stubs of these MLIR modules declare neither the
+# value classes nor the attribute classes read below.
+_fx_ir: Any = _ir_module
+_fx_sdy: Any = _sdy_module
 
 Effect = _fx_effects.Effect
 """Base class of every JAX effect (also public as `jax.extend.core.Effect` since jax 0.10.0)."""

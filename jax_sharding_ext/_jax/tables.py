@@ -252,7 +252,9 @@ class _RegisteredCanonicalizeEdit(RegisterOnceEdit):
   _registered: set[type] = set()
 
   def _register(self) -> None:
-    _dtypes.register_canonicalize_value_handler(self.typ, _canonicalize_switch)
+    # jax 0.10.2 and later (older stubs lack it).
+    _dtypes.register_canonicalize_value_handler(  # type: ignore[attr-defined, unused-ignore]
+        self.typ, _canonicalize_switch)
 
 
 class _DictCanonicalizeEdit(TableEdit):
