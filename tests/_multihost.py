@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -88,6 +89,9 @@ class Run:
 STOCK_WARNINGS_IGNORED = ("-W", "ignore:jax.sharding.PmapSharding is deprecated:DeprecationWarning")
 
 
+RELEASE_ENV = "JSE_TEST_OTHERS_EXITED"
+
+
 def _start(script, i, num_processes, port, local_devices, args, env):
   # Output goes to files, not pipes: nothing reads a pipe until the workers
   # end, and a worker that printed more than a pipe holds would block.
@@ -122,6 +126,10 @@ def _once(script, num_processes, local_devices, args, timeout, port, stop_on_fai
           heartbeat_s) -> Run:
   env = {k: v for k, v in os.environ.items() if k not in ("JSE_TEST_DEVICES", "XLA_FLAGS")}
   env["PYTHONUNBUFFERED"] = "1"
+  # Created once every other worker has exited: process 0 (which hosts the
+  # coordination service) waits for it before it exits (`_worker_boot.main_guard`).
+  release = Path(tempfile.mkdtemp()) / "others-exited"
+  env[RELEASE_ENV] = str(release)
   if heartbeat_s is not None:
     env["JSE_TEST_HEARTBEAT_S"] = str(heartbeat_s)
   start = time.monotonic()
@@ -133,6 +141,8 @@ def _once(script, num_processes, local_devices, args, timeout, port, stop_on_fai
       procs.append(_start(script, i, num_processes, port, local_devices, args, env))
     while True:
       codes = [p.poll() for p in procs]
+      if all(c is not None for c in codes[1:]) and not release.exists():
+        release.touch()
       failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
       if failed and first_failed is None:
         first_failed = failed[0]
@@ -148,6 +158,7 @@ def _once(script, num_processes, local_devices, args, timeout, port, stop_on_fai
     for p in procs:
       p.wait(timeout=30)
     outputs = [_read(p) for p in procs]
+    shutil.rmtree(release.parent, ignore_errors=True)
   return Run([p.returncode for p in procs], outputs, timed_out, first_failed,
              time.monotonic() - start, [port])
 
