@@ -31,7 +31,8 @@ RELEASE_PYTHONS := $(abspath .venv)/bin/python $(abspath $(VENV_OLDEST))/bin/pyt
   $(if $(PYTHON312),$(abspath $(VENV312))/bin/python)
 
 .PHONY: install demo test test-venvs test-default test-jax012 test-jax-oldest test-jax-minors \
-  test-suite test-minor wheel-check docs lint typecheck bench fuzz notebooks chromium clean
+  test-suite test-minor wheel-check docs lint typecheck bench bench-check fuzz notebooks \
+  chromium clean
 
 install: $(STAMP)
 
@@ -124,6 +125,12 @@ typecheck: install
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
+
+# The dispatch-bound benchmarks (dispatch, legacy pjit, training loop, guard and
+# ledger, dispatch by leaves) against the committed benchmarks/results.json:
+# fails when a ratio is more than 10% worse (a few minutes; on a quiet machine).
+bench-check: install
+	$(BIN)/python benchmarks/check.py
 
 # The fuzzers at length (minutes): JSE_FUZZ_SCALE times the examples they run
 # in make test, from a new seed, printed first (`make fuzz SEED=...` repeats a

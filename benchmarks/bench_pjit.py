@@ -14,11 +14,18 @@ whole step (`block_until_ready` included). Side by side, interleaved:
 each with the output flag off and on (on: the outputs come back as GDAs, as
 GDA-era code had it). Medians; ratios against stock.
 
-Targets: both `pjit` spellings at most 1.10x stock `jax.jit` on the same
+Targets: both `pjit` spellings at most 1.05x stock `jax.jit` on the same
 GDAs (the same flag), on 1 and 8 devices, flag off and on: `pjit` at
 `jax.jit`'s speed. What `jax.jit` itself costs on GDAs against `jax.Array`s
 (one Python call per leaf in and out of jit and in `jax.block_until_ready`)
 is the dispatch benchmarks' subject.
+
+Where the time goes: a `pjit` call is `jax.jit`'s call plus a few Python
+frames: JAX's traceback boundary, the check that a `FROM_GDA` argument has a
+`NamedSharding` to take (a set of the leaves' types: all GDAs), the context
+mesh (`with mesh:` / `jax.set_mesh`; ~1 us, most of it JAX's own config
+read) and the `jax.jit` for that mesh, reused from the last call when the
+mesh is the same object; errors are explained only after `jax.jit` raises.
 
 Run: `.venv/bin/python benchmarks/bench_pjit.py [--n 300]`
 """
@@ -38,7 +45,7 @@ LEAVES = 26
 STOCK = "jax.jit, jax.Array"
 JIT_GDA = "jax.jit, GDA"
 VARIANTS = (JIT_GDA, "pjit(FROM_GDA)", "pjit(specs)")
-TARGET = 1.10
+TARGET = 1.05
 
 
 def _update(state):

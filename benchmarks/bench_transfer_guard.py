@@ -11,10 +11,23 @@ Target: under 2 us added per operation.
 * an open ledger on the same fetch of an (8, 2) array on 1 device and of an
   (8, 8) array over 8 devices: each fetch in its own `transfer_ledger()`
   (enter, one record, exit) against the fetch with none open. Target: at
-  most 10 us added per recorded transfer, on 1 device and on 8 (the record
+  most 5 us added per recorded transfer, on 1 device and on 8 (the record
   keeps the call site; its text is built only when read).
 * shard_args: the Python-path argument handler with a matching sharding (not
   a transfer), GDA vs jax.Array's own handler.
+
+Where an open ledger's time goes (instructions counted with callgrind, which
+a busy machine does not change; a fetch with the move itself a no-op, JAX
+0.10.2): ~20k a recorded transfer, from ~41k. Opening and closing the ledger
+~7k (was ~12k: a lock around a global count; now one list of open ledgers,
+whose appends and removals are atomic). The record ~13k (was ~29k): the
+user's call site ~5k (a walk of the frames up to the user's; its text is
+built when read), one list shared by the nested ledgers ~3k (was a frozen
+dataclass built at once, ~9k: it is built when `records` is first read),
+shape, dtype and bytes from the array's aval ~1.5k (were Python properties,
+~5k), and the source devices the sharding's cached device assignment, read
+when the record is built (was `addressable_devices_indices_map`, which
+computes every shard's index: ~5k, and more with more shards).
 
 Run: .venv/bin/python benchmarks/bench_transfer_guard.py
 """
@@ -65,7 +78,7 @@ def run(n: int = 2000, warmup: int = 100) -> list[dict]:
   res = _common.interleaved({
       "no-op move": noop,
       "guard check + no-op move": lambda: moves._fetch(gda, arr, noop),
-      "inactive ledger check": lambda: ledger_module.open_count != 0,
+      "inactive ledger check": lambda: not ledger_module.OPEN,
   }, n=20000, warmup=1000)
   rows += _common.report("guard check on a GDA implicit fetch, move excluded", res,
                          "no-op move")
@@ -151,7 +164,7 @@ def _ledger_rows(mesh, shape, n: int, warmup: int) -> list[dict]:
   assert all(len(ledger.records) == 1 for ledger in ledgers)
   print(f"  added per recorded transfer: {res[ADDED] * 1e6:.2f} us (median of paired "
         f"differences; difference of medians {(res[BUSY] - res[IDLE]) * 1e6:.2f} us; "
-        "target <= 10 us)")
+        "target <= 5 us)")
   return rows
 
 
@@ -173,11 +186,11 @@ def targets() -> list[Target]:
               "{:.2f} us"),
       at_most("open ledger, added per recorded transfer (enter + record + exit)",
               difference(ledger, "GDA fetch in its own ledger", "GDA fetch, no ledger open"),
-              15, "{:.2f} us"),
+              5, "{:.2f} us"),
       *(at_most(f"open ledger, added per recorded transfer, {case} (enter + record + exit; "
                 "median of paired differences)",
                 lambda r, t=f"{ledger}, {case}": r.median(
-                    t, "added by the ledger (median of paired differences)"), 10, "{:.2f} us")
+                    t, "added by the ledger (median of paired differences)"), 5, "{:.2f} us")
         for case in ("(8, 2), 1 device", "(8, 8), 8 devices")),
   ]
 

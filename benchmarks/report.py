@@ -61,6 +61,23 @@ def targets(results: dict) -> list[str]:
   return lines
 
 
+def before_and_after(results: dict) -> list[str]:
+  """Each target of this run next to its value in the run this one replaced
+  (`previous`, saved by `run_all.py`), matched by what it measures."""
+  previous = results.get("previous")
+  if not previous:
+    return []
+  before = {t["what"]: t["measured"] for t in previous["targets"]}
+  lines = [f"Each target against the run this one replaced ({previous['started']}, "
+           f"JAX {previous['environment']['jax']}); `-`: not measured then.", "",
+           "| Target | Goal | Before | Now | Status |", "|---|---|---|---|---|"]
+  for t in results["targets"]:
+    lines.append(f"| {_cell(t['what'])} | {_cell(t['goal'])} | "
+                 f"{_cell(before.get(t['what'], '-'))} | {t['measured']} | "
+                 f"{_cell(t['status'])} |")
+  return lines
+
+
 def scaling(results: dict, images: dict[str, str]) -> list[str]:
   """The scaling curves: a table each, then its plot (`images`: name -> path)."""
   about = results.get("scaling", {})
@@ -102,6 +119,8 @@ def markdown(results: dict, images: dict[str, str]) -> str:
       *environment(results),
       f"- Wall time: {sum(results['seconds'].values()):.0f} s in all", "",
       "## Targets", "", *targets(results), "",
+      *(["## Before and after", "", *before_and_after(results), ""]
+        if results.get("previous") else []),
       *scaling(results, images),
       "## All measurements", "", *measurements(results), "",
       "## Wall time per benchmark", "", *wall_times(results),

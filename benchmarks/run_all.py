@@ -190,6 +190,7 @@ def main() -> int:
 
   results = {
       "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+      "previous": _previous(args.output),
       "quick": args.quick,
       "environment": env,
       "seconds": seconds,
@@ -201,6 +202,19 @@ def main() -> int:
   write(args.output, results)
   _print_targets(args.output, results)
   return 1 if failures else 0
+
+
+def _previous(path: str) -> dict | None:
+  """The targets of the full run saved where this one goes (the report's
+  "Before and after" table), or None."""
+  try:
+    old = report.load(data_path(path))
+  except (OSError, ValueError):
+    return None
+  if old.get("quick"):
+    return old.get("previous")  # a smoke run replaces no measurement
+  return {"started": old["started"], "environment": old["environment"],
+          "targets": old["targets"]}
 
 
 def _print_targets(path: str, results: dict) -> None:

@@ -5,8 +5,10 @@
 (after `pip install '.[docs]'`). The example notebooks of examples/ are
 copied into docs/examples/ (gitignored) when the build starts and executed
 there by myst-nb, so the site shows what they print with the package as it
-is. Nothing is fetched from the network: no intersphinx, and the theme's
-assets ship with it.
+is. Nothing is fetched from the network: intersphinx reads JAX's inventory
+from the committed `_intersphinx/jax.inv` (`_ext/jax_links.py` also links
+the JAX names pages write as code), and the theme's assets ship with it.
+Every page shows the release it documents (`html_title`).
 
 The build also fails when a public name (an entry of `__all__` of the package
 or of one of its public modules) or a public member of one of its classes
@@ -24,6 +26,7 @@ import pathlib
 import re
 import shutil
 import sys
+import tomllib
 import warnings
 
 from sphinx.deprecation import RemovedInSphinx10Warning
@@ -47,6 +50,9 @@ project = "jax_sharding_ext"
 author = "the jax_sharding_ext authors"
 project_copyright = "the jax_sharding_ext authors"
 release = version = jax_sharding_ext.__version__
+# Where the site is published: the wheel's "Documentation" link (pyproject).
+with open(REPO / "pyproject.toml", "rb") as _f:
+  html_baseurl = tomllib.load(_f)["project"]["urls"]["Documentation"]
 
 # On Python 3.11 the newest sphinx-autodoc-typehints (3.6) still calls a Sphinx
 # API that Sphinx 10 removes; that is its own deprecation notice, not ours.
@@ -58,14 +64,21 @@ extensions = [
   "sphinx.ext.autodoc",
   "sphinx.ext.napoleon",
   "sphinx_autodoc_typehints",
+  "sphinx.ext.intersphinx",
+  "jax_links",
   "local_links",
 ]
+
+# JAX's API documentation, from a committed inventory (no network at build).
+intersphinx_mapping = {
+  "jax": ("https://docs.jax.dev/en/latest/", str(DOCS / "_intersphinx" / "jax.inv")),
+}
 
 # No `sphinx.ext.viewcode`: the installed package is its own source, and a
 # source view of re-exported stock JAX objects and of generated members would
 # show the wrong code or link nowhere.
 
-exclude_patterns = ["_build", "**.ipynb_checkpoints", "_ext", "_generated"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "_ext", "_generated", "_intersphinx"]
 
 # -- MyST and the notebooks ---------------------------------------------------
 
@@ -117,6 +130,9 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
 typehints_document_rtype = True
+# The members `GlobalDeviceArray` takes from its parts (`_public.assembled`)
+# are annotated in modules that import the class for type checkers only.
+autodoc_type_aliases = {"GlobalDeviceArray": "jax_sharding_ext.GlobalDeviceArray"}
 # Docstrings write code as `name` (Markdown style): show it as code.
 default_role = "literal"
 add_module_names = False  # each page names its module
@@ -204,7 +220,7 @@ def setup(app):
 # -- HTML -------------------------------------------------------------------------
 
 html_theme = "sphinx_book_theme"
-html_title = "jax_sharding_ext"
+html_title = f"jax_sharding_ext {release}"  # every page shows the release it documents
 html_theme_options = {
   "show_toc_level": 2,
   "use_download_button": True,

@@ -6,6 +6,13 @@ here initialises a JAX backend.
 
 Please don't use symbols from the private modules (`jax_sharding_ext._*`):
 they are not part of the public API.
+
+The examples in the docstrings (here and in the public modules) start from
+the setup each page of the API reference shows once: 8 devices (on one CPU,
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` before JAX starts),
+`import jax`, `import numpy as np`, `import jax_sharding_ext as jse`,
+`from jax_sharding_ext import *`, `PartitionSpec as P`, and the names of the
+example's own module.
 """
 
 from jax.sharding import Mesh as Mesh
@@ -15,6 +22,7 @@ from jax_sharding_ext import global_device_array as global_device_array
 from jax_sharding_ext import multihost_utils as multihost_utils
 from jax_sharding_ext._array.gda import GlobalDeviceArray as GlobalDeviceArray
 from jax_sharding_ext._array.records import FROM_GDA as FROM_GDA
+from jax_sharding_ext._array.records import FromGdaType as FromGdaType
 from jax_sharding_ext._array.records import Shard as Shard
 from jax_sharding_ext._array.shard_math import get_shard_indices as get_shard_indices
 from jax_sharding_ext._array.shard_math import (
@@ -35,6 +43,8 @@ from jax_sharding_ext._install import install as install
 from jax_sharding_ext._install import is_installed as is_installed
 from jax_sharding_ext._install import uninstall as uninstall
 from jax_sharding_ext._pjit.api import pjit as pjit
+from jax_sharding_ext._public import functions_shown_at as _functions_shown_at
+from jax_sharding_ext._public import module_dir as _module_dir
 from jax_sharding_ext._transfers.ledger import TransferLedger as TransferLedger
 from jax_sharding_ext._transfers.ledger import TransferRecord as TransferRecord
 from jax_sharding_ext._transfers.ledger import transfer_ledger as transfer_ledger
@@ -50,6 +60,7 @@ from jax_sharding_ext.multihost_utils import process_allgather as process_allgat
 
 __all__ = [
   "FROM_GDA",
+  "FromGdaType",
   "GlobalDeviceArray",
   "Mesh",
   "PartitionSpec",
@@ -78,5 +89,12 @@ __all__ = [
   "transfer_ledger",
   "uninstall",
 ]
+
+# `help()`, reprs and pickle show the functions here, where users import them;
+# `dir()`, `help()` and tab completion list the public names, not the private
+# sub-packages (which stay importable attributes).
+_functions_shown_at(__name__)
+__dir__ = _module_dir(__name__)
+del _functions_shown_at, _module_dir
 
 install()

@@ -33,6 +33,7 @@ import jax
 from jax_sharding_ext._dispatch import handlers, output
 from jax_sharding_ext._edit import STATE
 from jax_sharding_ext._effects import barrier, lowering, user_effects
+from jax_sharding_ext._jax import dispatch as jax_dispatch
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import readers as jax_readers
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
@@ -83,6 +84,7 @@ def install() -> None:
           edit.revert()
         raise
       STATE.installed = True
+      jax_dispatch.open_gate(True)
     if _ever_installed:
       _drop_cached_executables()
     _ever_installed = True
@@ -118,6 +120,7 @@ def uninstall() -> None:
       # (its Python path reads tables outside the lock) gets the package's
       # "uninstalled" error from the handlers that read `STATE`.
       STATE.installed = False
+      jax_dispatch.open_gate(False)
       for edit in reversed(EDITS):
         edit.revert()
     _drop_cached_executables()

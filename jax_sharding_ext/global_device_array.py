@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from jax_sharding_ext import _public
 from jax_sharding_ext._array import shard_math as _shard_math
 from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._array.records import Shard
@@ -88,3 +89,7 @@ __all__ = [
   "get_shard_indices_replica_ids",
   "get_shard_shape",
 ]
+
+# `dir()`, `help()` and tab completion list the public names (and the GDA-era
+# private ones old code reads), not the modules and helpers used here.
+__dir__ = _public.module_dir(__name__, "_hashed_index", "_get_indices", "_get_shard_indices_replica_ids_uncached")

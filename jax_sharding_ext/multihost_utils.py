@@ -1,12 +1,16 @@
 """`jax.experimental.multihost_utils` for pytrees that hold `GlobalDeviceArray`s.
 
-Every public name of stock `jax.experimental.multihost_utils`, with the same
-signature and defaults (checked against JAX 0.10.2 and 0.12). The functions
-that take data accept pytrees mixing `GlobalDeviceArray`, `jax.Array` and
-numpy; each is stock's function with a zero-copy conversion at the boundary
-(a GDA is handed to stock as its `jax.Array` view, and a `jax.Array` coming
-back for a GDA leaf is wrapped as a GDA again). All communication is stock's,
-over JAX's distributed runtime.
+The API of stock `jax.experimental.multihost_utils`, with the same
+signatures and defaults (checked against JAX 0.10.2 and 0.12): the six
+functions of JAX's API reference, the GDA era's
+`reached_preemption_sync_point`, and stock's `live_devices` /
+`ProcessFailureError`. (The primitives and rules behind stock's two
+conversions inside a trace are not API; reading one as an attribute of this
+module gives stock's object.) The functions that take data accept pytrees
+mixing `GlobalDeviceArray`, `jax.Array` and numpy; each is stock's function
+with a zero-copy conversion at the boundary (a GDA is handed to stock as its
+`jax.Array` view, and a `jax.Array` coming back for a GDA leaf is wrapped as
+a GDA again). All communication is stock's, over JAX's distributed runtime.
 
 GDA leaves keep the GDA-era semantics:
 
@@ -45,6 +49,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils as _stock
 
+from jax_sharding_ext import _public
 from jax_sharding_ext._array import gda as _gda
 from jax_sharding_ext._jax import tables as _jax_tables
 from jax_sharding_ext._jax import tracebacks as _tracebacks
@@ -55,11 +60,6 @@ from jax_sharding_ext._multihost import checks as _checks
 live_devices = _stock.live_devices
 reached_preemption_sync_point = _stock.reached_preemption_sync_point
 sync_global_devices = _stock.sync_global_devices
-host_local_array_to_global_array_p = _stock.host_local_array_to_global_array_p
-global_array_to_host_local_array_p = _stock.global_array_to_host_local_array_p
-ltg_abstract_eval = _stock.ltg_abstract_eval
-ltg_batcher = _stock.ltg_batcher
-gtl_abstract_eval = _stock.gtl_abstract_eval
 
 # Stock names not every supported JAX has: present here exactly when stock
 # has them.
@@ -67,25 +67,41 @@ _optional_stock_names = _jax_tables.optional_multihost_names()
 if "ProcessFailureError" in _optional_stock_names:
   ProcessFailureError = _optional_stock_names["ProcessFailureError"]
 
+# The API: the six functions of stock's API reference, the GDA era's
+# `reached_preemption_sync_point`, and stock's fault-tolerance pair (the
+# error where this JAX has it).
 __all__ = [
     *_optional_stock_names,
     "assert_equal",
     "broadcast_one_to_all",
     "global_array_to_host_local_array",
-    "global_array_to_host_local_array_impl",
-    "global_array_to_host_local_array_p",
-    "gtl_abstract_eval",
     "host_local_array_to_global_array",
-    "host_local_array_to_global_array_impl",
-    "host_local_array_to_global_array_p",
     "live_devices",
-    "ltg_abstract_eval",
-    "ltg_batcher",
     "process_allgather",
     "reached_preemption_sync_point",
     "sync_global_devices",
 ]
 
+# The machinery behind stock's two conversions inside a trace (their
+# primitives, eager rules and abstract-evaluation and batching rules): not
+# API, neither stock's documented one nor the GDA era's; an attribute of
+# this module still gives stock's object, for code that reached for it.
+_STOCK_INTERNALS = frozenset({
+    "host_local_array_to_global_array_p", "global_array_to_host_local_array_p",
+    "host_local_array_to_global_array_impl", "global_array_to_host_local_array_impl",
+    "ltg_abstract_eval", "ltg_batcher", "gtl_abstract_eval",
+})
+
+
+def __getattr__(name: str) -> Any:
+  if name in _STOCK_INTERNALS and hasattr(_stock, name):
+    return getattr(_stock, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# `dir()`, `help()` and tab completion list the public names, not the modules
+# and helpers used here.
+__dir__ = _public.module_dir(__name__)
 
 def _is_gda(x: Any) -> bool:
   return isinstance(x, _gda.GlobalDeviceArray)
@@ -126,49 +142,6 @@ def _host_value(x: Any, fn: str) -> Any:
         "`process_allgather(gda)` for its value on every process, or pass a "
         "host-local value (e.g. `np.asarray(gda.local_data(0))`).")
   return np.asarray(jax.device_get(x))
-
-
-def _impl_keeping_gdas(stock_impl, arr, global_mesh, pspec):
-  if not _is_gda(arr):
-    return stock_impl(arr, global_mesh=global_mesh, pspec=pspec)
-  return _as_gda(stock_impl(arr.to_jax_array(), global_mesh=global_mesh, pspec=pspec))
-
-
-def host_local_array_to_global_array_impl(
-    arr: Any, *, global_mesh: jax.sharding.Mesh, pspec: Any):
-  """Run stock's `host_local_array_to_global_array_impl` on one leaf, GDA in, GDA out.
-
-  The eager rule of `host_local_array_to_global_array_p` (what
-  `host_local_array_to_global_array` runs outside a trace).
-
-  Example:
-    >>> mesh = Mesh(np.array(jax.devices()), ('data',))
-    >>> out = host_local_array_to_global_array_impl(np.arange(8.0), global_mesh=mesh,
-    ...                                             pspec=P('data'))
-    >>> out.shape, out.sharding.spec
-    ((8,), P('data',))
-  """
-  return _impl_keeping_gdas(_stock.host_local_array_to_global_array_impl, arr,
-                            global_mesh, pspec)
-
-
-def global_array_to_host_local_array_impl(
-    arr: Any, *, global_mesh: jax.sharding.Mesh, pspec: Any):
-  """Run stock's `global_array_to_host_local_array_impl` on one leaf, GDA in, GDA out.
-
-  The eager rule of `global_array_to_host_local_array_p`; a GDA comes back
-  over `global_mesh.local_mesh`.
-
-  Example:
-    >>> mesh = Mesh(np.array(jax.devices()), ('data',))
-    >>> gda = jse.GlobalDeviceArray.from_callback((8,), mesh, P('data'),
-    ...                                           lambda index: np.arange(8.0)[index])
-    >>> out = global_array_to_host_local_array_impl(gda, global_mesh=mesh, pspec=P('data'))
-    >>> type(out).__name__, out.shape
-    ('GlobalDeviceArray', (8,))
-  """
-  return _impl_keeping_gdas(_stock.global_array_to_host_local_array_impl, arr,
-                            global_mesh, pspec)
 
 
 @_tracebacks.api_boundary

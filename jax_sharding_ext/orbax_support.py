@@ -49,6 +49,7 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 
 import jax
 
+from jax_sharding_ext import _public
 from jax_sharding_ext._array import gda as _gda
 from jax_sharding_ext._array import records as _records
 from jax_sharding_ext._array import shard_math as _shard_math
@@ -59,6 +60,10 @@ from jax_sharding_ext._checkpoint import recording as _recording
 _ORBAX_DIRS = (os.path.dirname(os.path.dirname(ocp.__file__)) + os.sep,)
 
 __all__ = ["GdaHandler", "as_gdas", "as_jax_arrays", "gda_restore_args", "restore_args_for"]
+
+# `dir()`, `help()` and tab completion list the public names, not the modules
+# and helpers used here.
+__dir__ = _public.module_dir(__name__)
 
 
 def _view(x: _Any) -> _Any:

@@ -81,6 +81,7 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
 import jax
 from jax.experimental import multihost_utils as _multihost
 
+from jax_sharding_ext import _public
 from jax_sharding_ext._array import gda as _gda
 from jax_sharding_ext._array import shard_math as _shard_math
 from jax_sharding_ext._checkpoint import args as _args
@@ -134,6 +135,10 @@ _LimitInFlightBytes = _jax_checkpoint.LimitInFlightBytes
 _spec_has_metadata = _metadata.spec_has_metadata
 _get_metadata = _metadata.gda_metadata
 _GDA_METADATA = _metadata.GDA_METADATA
+
+# `dir()`, `help()` and tab completion list the public names (and the GDA-era
+# private ones old code reads), not the modules and helpers used here.
+__dir__ = _public.module_dir(__name__, "_CHECKPOINT_SUCCESS", "_LimitInFlightBytes", "_spec_has_metadata", "_get_metadata", "_GDA_METADATA")
 
 
 # -- the old module's functions -------------------------------------------------------

@@ -6,11 +6,16 @@
   needs 8 devices sets `XLA_FLAGS` in its first block, before JAX starts,
   with a comment saying why.
 - A comment after an expression that starts like a value (a bracket, quote,
-  number, `True`, `False`, `None`) is exactly that value's `repr`, optionally
-  followed by `: why`; any other comment is prose.
+  number, `True`, `False`, `None`, or a call such as `P('x',)`) is exactly
+  that value's `repr`, optionally followed by `: why`; any other comment is
+  prose.
+- Python shown but not run (`{code-block} python`) is captioned as a sketch.
 - No page states a measured figure by hand: each is a substitution drawn from
   the benchmark results (`docs/_ext/bench_figures.py`), shown once.
 - The porting page lists every code of the tool.
+- JAX's names link to JAX's API documentation: the committed inventory
+  (`docs/_intersphinx/jax.inv`) names only what the installed JAX has, and
+  inline code naming one of them becomes a link (`docs/_ext/jax_links.py`).
 
 The site itself is built by `make docs` (part of `make test`), which fails on
 any Sphinx warning, a public name without an API entry, and a broken
@@ -31,6 +36,7 @@ import pytest
 DOCS = pathlib.Path(__file__).parent.parent / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 import bench_figures  # noqa: E402
+import jax_links  # noqa: E402
 import local_links  # noqa: E402
 
 # Only ```python fences run; other examples are ```{code-block} python.
@@ -55,7 +61,7 @@ import ast, io, json, re, sys, tokenize
 
 with open(sys.argv[1]) as f:
   spec = json.load(f)
-VALUE = re.compile(r"""^([(\[{'"\d-]|True\b|False\b|None\b)""")
+VALUE = re.compile(r"""^([(\[{'"\d-]|True\b|False\b|None\b|[A-Za-z_][\w.]*\()""")
 
 
 def shown(comment):
@@ -165,6 +171,18 @@ def test_a_page_that_needs_devices_sets_them_first_and_says_why(page):
     assert comment.strip(), "the first line says why the page sets XLA_FLAGS, in a comment"
 
 
+_CODE_BLOCK = re.compile(r"^```\{code-block\} python\n((?::\w+:.*\n)*)", re.M)
+
+
+def test_python_no_test_runs_is_marked_as_a_sketch():
+  """A `python` block runs as pasted (the test above runs it); Python shown
+  otherwise (`{code-block} python`) says in its caption that it is a sketch."""
+  for page in _pages():
+    for options in _CODE_BLOCK.findall(page.read_text()):
+      assert re.search(r"^:caption: A sketch, not runnable", options, re.M), (
+          f"{page.relative_to(DOCS)}: a `code-block` of Python without a sketch caption")
+
+
 def test_the_runner_checks_value_comments(tmp_path):
   page = tmp_path / "page.md"
   page.write_text("```python\nx = (1, 2)\nx   # (1, 2): ok\nx[0]   # the first\n```\n\n"
@@ -172,6 +190,14 @@ def test_the_runner_checks_value_comments(tmp_path):
   res = _run([("page.md", line, code) for line, code in _blocks(page)], tmp_path / "work")
   assert res.returncode != 0
   assert "page.md:8: the comment shows 3, but the value is 2" in res.stderr, res.stderr
+  # A value written as a call is a value too: it must be exactly the repr.
+  page.write_text("```python\nfrom fractions import Fraction\n"
+                  "Fraction(1, 2)   # Fraction(1, 2): as written\n"
+                  "Fraction(2, 4)   # Fraction(2, 4)\n```\n")
+  res = _run([("page.md", line, code) for line, code in _blocks(page)], tmp_path / "work2")
+  assert res.returncode != 0
+  assert "page.md:4: the comment shows Fraction(2, 4), but the value is Fraction(1, 2)" in (
+      res.stderr), res.stderr
 
 
 # A measured figure in prose: a ratio, a time, a share or a throughput.
@@ -199,6 +225,58 @@ def test_no_page_states_a_measured_figure_by_hand():
     if hits:
       found[name] = hits
   assert not found, f"figures written by hand (make them substitutions on speed.md): {found}"
+
+
+def _rows_of(table: "bench_figures.Table", rows: list[dict]) -> list[dict]:
+  key = "case" if table.curve else "benchmark"
+  return [r for r in rows if r.get("curve") == table.curve and r["variant"] in table.variants
+          and re.match(table.title, r[key]) and table.x in (None, r.get("x"))]
+
+
+def _row_value(figure: "bench_figures.Figure", row: dict, rows: list[dict]) -> float:
+  if figure.of == "median":
+    return row["median"]
+  base_variant = figure.base or row["base"]
+  (base,) = [r["median"] for r in rows
+             if r["benchmark"] == row["benchmark"] and r["variant"] == base_variant]
+  return row["median"] / base if figure.of == "ratio" else row["median"] - base
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+@pytest.mark.parametrize("name", sorted(bench_figures.FIGURES))
+def test_each_figure_spans_every_row_of_its_tables(name):
+  """A figure's text, read back, is the lowest and highest value of every
+  row of the tables it names (as each is shown), so it holds for each of
+  them: a summary never leaves out a row of its own table."""
+  results = bench_figures.load()
+  figure = bench_figures.FIGURES[name]
+  rows = [r for table in figure.tables for r in _rows_of(table, results["rows"])]
+  assert rows, f"{name}: no row in the results"
+  shown = [float(_NUMBER.findall(figure.fmt(_row_value(figure, r, results["rows"])))[0])
+           for r in rows]
+  text = bench_figures.figures(results)[name]
+  numbers = [float(n) for n in _NUMBER.findall(text.replace("–", " "))]
+  assert (numbers[0], numbers[-1]) == (min(shown), max(shown)), (text, shown)
+
+
+def test_a_figure_of_a_curve_covers_every_point_of_it():
+  """Figures that sum up a scaling curve (not one named point of it) cover,
+  together, every point of each variant they read: every case, every x."""
+  results = bench_figures.load()
+  read: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
+  for figure in bench_figures.FIGURES.values():
+    for table in figure.tables:
+      if table.curve and table.x is None:
+        for r in _rows_of(table, results["rows"]):
+          read[table.curve, r["variant"]].add(id(r))
+  assert read
+  for (curve, variant), covered in read.items():
+    points = {id(r) for r in results["rows"]
+              if r.get("curve") == curve and r["variant"] == variant}
+    missing = [(r["case"], r["x"]) for r in results["rows"] if id(r) in points - covered]
+    assert not missing, f"curve {curve!r}, {variant!r}: points no figure covers: {missing}"
 
 
 def test_every_figure_is_drawn_from_the_results_and_shown_once():
@@ -242,3 +320,48 @@ def test_porting_page_lists_every_code_of_the_tool():
   page = (DOCS / "porting.md").read_text()
   listed = re.findall(r"^\| (JSE\d+) \|", page, re.M)
   assert listed == codes, "docs/porting.md's table of codes differs from `--codes`"
+
+
+# -- links into JAX's API documentation -------------------------------------------------
+
+
+def _jax_inventory() -> dict[str, tuple[str, str]]:
+  """`{name: (type, url)}` of the committed inventory of JAX's API docs."""
+  from sphinx.util.inventory import InventoryFile
+  data = (DOCS / "_intersphinx" / "jax.inv").read_bytes()
+  inventory = InventoryFile.loads(data, uri="https://docs.jax.dev/en/latest/")
+  inventory = getattr(inventory, "data", inventory)
+  return {name: (kind, item.uri) for kind, objects in inventory.items()
+          for name, item in objects.items()}
+
+
+def test_the_jax_inventory_names_what_the_installed_jax_has():
+  """Every name the site may link to JAX's documentation exists in the
+  installed JAX (every supported release), at an address on JAX's site that
+  follows its layout (a page per name, or a module page's anchor)."""
+  sys.path.insert(0, str(DOCS / "_intersphinx"))
+  import make_jax_inventory
+  inventory = _jax_inventory()
+  for name in ("jax.jit", "jax.Array", "jax.Array.sum", "jax.sharding.Mesh",
+               "jax.experimental.multihost_utils.process_allgather", "jax.numpy"):
+    assert name in inventory, name
+  for name, (kind, url) in inventory.items():
+    assert make_jax_inventory.resolve(name) is not None, name
+    assert kind.startswith("py:"), (name, kind)
+    assert url.startswith("https://docs.jax.dev/en/latest/"), (name, url)
+    assert url.endswith((f"#{name}", f"#module-{name}")), (name, url)
+
+
+def test_inline_code_naming_a_jax_object_links_to_its_documentation():
+  from docutils import nodes
+  names = {"jax.jit": "https://docs.jax.dev/en/latest/_autosummary/jax.jit.html#jax.jit"}
+  para = nodes.paragraph("", "", nodes.literal("", "jax.jit"), nodes.Text(" and "),
+                         nodes.literal("", "jax.jit()"), nodes.literal("", "jax.tree_map"))
+  title = nodes.title("", "", nodes.literal("", "jax.jit"))
+  doc = nodes.section("", title, para)
+  assert jax_links.link_literals(doc, names) == 2
+  links = list(doc.findall(nodes.reference))
+  assert [(r["refuri"], r.astext()) for r in links] == [(names["jax.jit"], "jax.jit"),
+                                                        (names["jax.jit"], "jax.jit()")]
+  assert not list(title.findall(nodes.reference))  # a heading keeps its code as it is
+  assert jax_links.link_literals(doc, names) == 0  # a link is not linked again

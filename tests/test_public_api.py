@@ -182,3 +182,101 @@ def test_pickles_naming_the_private_path_still_load():
   assert b"cjax_sharding_ext\nShard\n" in text  # the public path, today
   old = text.replace(b"cjax_sharding_ext\nShard\n", b"cjax_sharding_ext._array.records\nShard\n")
   assert pickle.loads(old) == shard
+
+
+# -- what help(), dir() and reprs show --------------------------------------------------
+
+_PRIVATE_PATH = re.compile(r"jax_sharding_ext(\.\w+)*\._\w+|\b_(FromCallbacks|Placement|ShardAccess"
+                           r"|ArraySurface)\b")
+
+
+def _help(obj) -> str:
+  import pydoc
+  return pydoc.render_doc(obj, renderer=pydoc.plaintext)
+
+
+@pytest.mark.parametrize("name", CURATED[:-1])
+def test_dir_of_a_public_module_shows_its_public_names(name):
+  """`dir()` (and so tab completion and `help()`'s listings) shows `__all__`,
+  the public submodules once imported and dunder names; no imported module or
+  private helper. The GDA-era modules also show the private names GDA-era
+  code read from them."""
+  module = importlib.import_module(name)
+  legacy = {"jax_sharding_ext.global_device_array": {
+                "_hashed_index", "_get_indices", "_get_shard_indices_replica_ids_uncached"},
+            "jax_sharding_ext.serialization": {
+                "_get_metadata", "_spec_has_metadata", "_CHECKPOINT_SUCCESS",
+                "_LimitInFlightBytes", "_GDA_METADATA"}}.get(name, set())
+  shown = set(dir(module))
+  assert set(module.__all__) <= shown
+  private = {n for n in shown if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))}
+  assert private == legacy
+  submodules = {n for n in shown - set(module.__all__) if not n.startswith("_")}
+  assert all(getattr(module, n).__name__ == f"{name}.{n}" for n in submodules), submodules
+  for n in legacy:  # still there for the code that reads them
+    assert hasattr(module, n)
+
+
+def test_gda_shows_no_private_class_in_help_mro_or_reprs(mesh_2d):
+  """The GDA's parts (kept in modules of their own) are not its bases: its
+  method resolution order is the class and `jax.Array`, and `help()` has no
+  private path, no "inherited from" a private class and no private
+  annotations."""
+  import jax
+  gda_type = jax_sharding_ext.GlobalDeviceArray
+  assert gda_type.__mro__ == (gda_type, jax.Array, object)
+  text = _help(gda_type)
+  assert not _PRIVATE_PATH.search(text), _PRIVATE_PATH.search(text)
+  assert "inherited from" not in text.replace("inherited from jax.", "")
+  assert "_host_fetched" not in text and "_arr:" not in text
+  gda = gda_type.from_callback((8, 2), mesh_2d, jax_sharding_ext.PartitionSpec("x"),
+                               lambda i: np.zeros((8, 2))[i])
+  for member in (gda.local_data, gda_type.from_callback, gda_type.shape.fget):
+    assert "GlobalDeviceArray." in repr(member) and not _PRIVATE_PATH.search(repr(member))
+  # The parts' members behave as the class's own: operators unwrap a GDA operand.
+  np.testing.assert_array_equal(np.asarray(gda + gda), np.zeros((8, 2)))
+
+
+def test_help_of_the_package_and_its_functions_shows_public_paths():
+  """`help(jax_sharding_ext)` lists no private module among its classes,
+  functions, data and submodules, and a public function's `help()` names the
+  module users import it from. (The PACKAGE CONTENTS section is pydoc's
+  listing of the package's directory, where the private sub-packages live.)"""
+  text = _help(jax_sharding_ext)
+  listed = text.split("CLASSES", 1)[1]
+  assert not _PRIVATE_PATH.search(listed), _PRIVATE_PATH.search(listed)
+  for name in CURATED[:-1]:
+    module = importlib.import_module(name)
+    for export in module.__all__:
+      fn = getattr(module, export)
+      if inspect.isfunction(fn) and fn.__module__.startswith("jax_sharding_ext"):
+        assert not any(p.startswith("_") for p in fn.__module__.split(".")), (name, export)
+        assert getattr(importlib.import_module(fn.__module__), export) is fn
+        assert pickle.loads(pickle.dumps(fn)) is fn
+        assert not _PRIVATE_PATH.search(_help(fn).splitlines()[2]), export
+
+
+def test_from_gda_shows_and_pickles_its_public_path():
+  sentinel = jax_sharding_ext.FROM_GDA
+  assert repr(type(sentinel)) == "<class 'jax_sharding_ext.FromGdaType'>"
+  assert type(sentinel) is jax_sharding_ext.FromGdaType
+  assert jax_sharding_ext.FromGdaType() is sentinel
+  assert type(sentinel).__mro__ == (jax_sharding_ext.FromGdaType, object)
+  text = pickle.dumps(sentinel, protocol=0)
+  assert b"cjax_sharding_ext\nFROM_GDA\n" in text  # the global, not the class
+  # A pickle written when it stored its private class and no arguments.
+  assert pickle.loads(b"cjax_sharding_ext._array.records\nFromGda\n(tR.") is sentinel
+
+
+def test_the_release_names_its_documentation():
+  """The installed distribution links its documentation (the wheel's
+  metadata), and the site is built for that address and shows the release
+  on every page."""
+  import runpy
+  from importlib import metadata
+  urls = dict(u.split(", ", 1) for u in metadata.metadata("jax-sharding-ext").get_all("Project-URL"))
+  assert urls["Documentation"].startswith("https://")
+  conf = runpy.run_path(str(PKG.parent / "docs" / "conf.py"))  # what Sphinx executes
+  assert conf["html_baseurl"] == urls["Documentation"]
+  assert conf["release"] == jax_sharding_ext.__version__
+  assert jax_sharding_ext.__version__ in conf["html_title"]

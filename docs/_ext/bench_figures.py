@@ -6,8 +6,9 @@ run and is written in one place:
 
 - `figures(results)`: the figures of the Speed and Developing pages by name,
   used there as MyST substitutions (`{{ dispatch }}`). Each is defined once
-  below from the rows it summarises; a row that is missing raises, and the
-  build fails.
+  below (`FIGURES`) by the tables it summarises, and spans every row of
+  them: a summary never leaves out a row of its own table. A table that is
+  missing raises, and the build fails.
 - `write_pages(results, directory)`: the Benchmark results page's content
   (what was measured, on what, every row and curve) and the development
   page's (each target and whether it was met, wall times), as markdown files
@@ -16,9 +17,12 @@ run and is written in one place:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
+import re
 import sys
+from collections.abc import Callable
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent
 BENCHMARKS = DOCS.parent / "benchmarks"
@@ -30,41 +34,65 @@ import report  # noqa: E402  (benchmarks/report.py: the data and its markdown)
 GDA, STOCK = "GlobalDeviceArray", "jax.Array"
 
 
-class Rows:
-  """The rows of one run, looked up by benchmark title prefix and variant."""
+@dataclasses.dataclass(frozen=True)
+class Table:
+  """Every row of one table of the results: the rows of `variants` whose
+  title matches `title` (a regular expression, matched at the start of the
+  benchmark's title, or for a scaling curve's points of their case); `curve`
+  names the curve (None: rows that are no curve's point), `x` one point of it
+  (the page then names that point)."""
 
-  def __init__(self, results: dict):
-    self.rows = results["rows"]
+  title: str
+  variants: tuple[str, ...]
+  curve: str | None = None
+  x: int | None = None
 
-  def where(self, prefix: str, variant: str, curve: str | None = None) -> list[dict]:
-    """Every row whose title (or, for a curve, case) starts with `prefix`."""
-    key = "case" if curve else "benchmark"
-    found = [r for r in self.rows if r.get("curve") == curve and r["variant"] == variant
-             and r[key].startswith(prefix)]
+  def rows(self, results: dict) -> list[dict]:
+    key = "case" if self.curve else "benchmark"
+    found = [r for r in results["rows"]
+             if r.get("curve") == self.curve and r["variant"] in self.variants
+             and re.match(self.title, r[key]) and (self.x is None or r.get("x") == self.x)]
     if not found:
-      raise KeyError(f"no benchmark row {prefix!r} / {variant!r} (curve {curve})")
+      raise KeyError(f"no benchmark row {self.title!r} / {self.variants} "
+                     f"(curve {self.curve}, x {self.x})")
     return found
 
-  def median(self, title: str, variant: str) -> float:
-    (row,) = self.where(title, variant)
-    return row["median"]
 
-  def ratio(self, title: str, num: str, den: str) -> float:
-    return self.median(title, num) / self.median(title, den)
-
-  def ratios(self, prefix: str, num: str, den: str) -> list[float]:
-    """`num / den` in every benchmark whose title starts with `prefix`."""
-    return [r["median"] / self.median(r["benchmark"], den) for r in self.where(prefix, num)]
-
-  def curve(self, name: str, variant: str, case: str = "") -> dict[int, dict]:
-    return {r["x"]: r for r in self.where(case, variant, curve=name)}
+def _median(results: dict, benchmark: str, variant: str) -> float:
+  (row,) = [r for r in results["rows"] if r["benchmark"] == benchmark and r["variant"] == variant]
+  return row["median"]
 
 
-def _x(v: float) -> str:
-  return f"{v:.2f}x"
+@dataclasses.dataclass(frozen=True)
+class Figure:
+  """One figure a page shows: `of` each row of its tables, as a span
+  `low–high` over all of them (or the one value, if the table has one row).
+
+  `of`: "ratio" (the row's median / its benchmark's `base` variant's median,
+  by default the row's own base), "median", or "difference" (the row's
+  median minus the `base` variant's)."""
+
+  tables: tuple[Table, ...]
+  of: str = "ratio"
+  base: str | None = None
+  fmt: Callable[[float], str] = lambda v: f"{v:.2f}x"
+
+  def values(self, results: dict) -> list[float]:
+    out = []
+    for table in self.tables:
+      for row in table.rows(results):
+        if self.of == "median":
+          out.append(row["median"])
+          continue
+        base = _median(results, row["benchmark"], self.base or row["base"])
+        out.append(row["median"] / base if self.of == "ratio" else row["median"] - base)
+    return out
+
+  def render(self, results: dict) -> str:
+    return _span(self.values(results), self.fmt)
 
 
-def _span(values, fmt=_x) -> str:
+def _span(values, fmt) -> str:
   """`low–high` of `values` as formatted (one value if they format alike)."""
   values = list(values)
   low, high = fmt(min(values)), fmt(max(values))
@@ -78,98 +106,103 @@ def _us(v: float) -> str:
   return f"{v:.1f} us" if v < 10 else f"{v:.0f} us"
 
 
+def _s(v: float) -> str:
+  return f"{v:.1f} s"
+
+
+def _t(title: str, *variants: str, curve: str | None = None, x: int | None = None) -> Table:
+  return Table(title, variants, curve, x)
+
+
+_TRAIN = r"training loop, \d+ device\(s\), 20 donated leaves, "
+_PJIT = r"legacy pjit step, \d+ device\(s\), 26 donated leaves, flag "
+_SAVE = r"checkpoint save, 256 MiB"
+_RESTORE = r"checkpoint restore, 256 MiB"
+_CHANGED = r"checkpoint restore after the files changed, 256 MiB"
+_GZIP_SAVE = re.escape("checkpoint save, 256 MiB float32 over 8 devices, GDA-era metadata (gzip")
+_SER, _DESER = "serialization.run_serialization (GDA)", "serialization.run_deserialization (GDA)"
+_LEDGER = "added by the ledger (median of paired differences)"
+_PORT = r"porting assistant, 1 MB files"
+
+FIGURES: dict[str, Figure] = {
+    # Speed, at a glance: a jitted call, the fixed cases and the curve by leaves
+    "dispatch": Figure((_t("dispatch, ", GDA), _t("", GDA, curve="dispatch"))),
+    "shared": Figure((_t("shared buffers, ", "made from a kept jax.Array", "to_jax_array() kept",
+                         "batch made from a kept jax.Array"),)),
+    "shared_cache": Figure((_t("shared buffers, ", "cache entries added by 500 calls"),),
+                           of="median", fmt=lambda v: f"{v:.0f}"),
+    "train_big": Figure((_t(_TRAIN + "big", GDA),)),
+    "train_small_1": Figure((_t(_TRAIN.replace(r"\d+", "1") + "small", GDA),)),
+    "train_small_8": Figure((_t(_TRAIN.replace(r"\d+", "8") + "small", GDA),)),
+    **{f"pjit_{flag}_{name}": Figure((_t(_PJIT + flag, variant),), base="jax.jit, GDA")
+       for flag in ("on", "off")
+       for name, variant in (("from_gda", "pjit(FROM_GDA)"), ("specs", "pjit(specs)"))},
+    "effects_debug": Figure((_t("ordered effects, 8 devices", "debug.callback x2 (ordered)"),),
+                            base="io_callback x2 (ordered), stock tokens"),
+    "effects_sharded": Figure((_t("per-shard callbacks, 8 devices", "sharded_callback x2"),),
+                              base="io_callback x2 in shard_map (ordered)"),
+    "construction": Figure((_t("construction throughput, 256 MiB",
+                               "GlobalDeviceArray.from_callback"),),
+                           base="jax.make_array_from_callback"),
+    "first_view": Figure((_t("first view of a fresh GDA, ", "first to_jax_array() of a fresh GDA"),),
+                         of="median", fmt=_us),
+    "fetch_added": Figure((_t("implicit fetch of a fresh ", "GlobalDeviceArray np.asarray"),),
+                          of="difference", base="jax.Array np.asarray", fmt=_us),
+    # the 256 MiB checkpoint in both formats, and the curve from 1 MiB to 1 GiB
+    "ckpt_save": Figure((_t(_SAVE, _SER, "serialization, metadata='stock' (GDA)"),
+                         _t("save", _SER, curve="checkpoint"))),
+    "ckpt_restore": Figure((_t(_RESTORE, _DESER), _t("restore", _DESER, curve="checkpoint"))),
+    # a restore after every file of the checkpoint changed: against stock,
+    # and against the same restore with its chunk records removed (unchecked)
+    "ckpt_restore_changed": Figure((_t(_CHANGED, _DESER),)),
+    "ckpt_check_cost": Figure((_t(_CHANGED, _DESER),),
+                              base="serialization, chunk record removed (unchecked)"),
+    # stock's zstd format against the GDA-era gzip, saving the same random data
+    "ckpt_zstd_speedup": Figure((_t(_GZIP_SAVE, "stock, its own zstd metadata"),),
+                                base="stock run_serialization"),
+    # one recorded fetch, 1 to 512 shards
+    "ledger": Figure((_t("ledger on a GDA implicit fetch", _LEDGER),
+                      _t("", _LEDGER, curve="ledger")), of="median", fmt=_us),
+    "import": Figure((_t("import time", "import jax; import jax_sharding_ext"),),
+                     fmt=lambda v: f"{(v - 1) * 100:.0f}%"),
+    "donation_peak": Figure((_t("donation: peak live bytes", "GDA, donate=True"),),
+                            base="GDA, donate=False"),
+    "donation_vs_array": Figure((_t("donation: peak live bytes", "GDA, donate=True"),),
+                                base="jax.Array, donate=True"),
+    # Speed, how the cost grows: each curve's every point
+    "scaling_dispatch_off": Figure((_t("flag off", GDA, curve="dispatch"),)),
+    "scaling_dispatch_on": Figure((_t("flag on", GDA, curve="dispatch"),)),
+    "scaling_construction": Figure((_t("", "GlobalDeviceArray.from_callback",
+                                       "GlobalDeviceArray.from_batched_callback",
+                                       curve="construction"),)),
+    "picture_ms": Figure((_t("", "GlobalDeviceArray._repr_html_", curve="picture", x=512),),
+                         of="median", fmt=lambda v: f"{v:.1f} ms"),
+    "picture_vs_text": Figure((_t("", "GlobalDeviceArray._repr_html_", curve="picture"),)),
+    "transfers": Figure((_t("", GDA, curve="transfers"),)),
+    "ledger_move_excluded": Figure((_t("", "added by the ledger, move excluded", curve="ledger"),),
+                                   of="median", fmt=_us),
+    # the training step one Python call per leaf costs most on
+    "step_small_us": Figure((_t(_TRAIN.replace(r"\d+", "1") + "small", STOCK),), of="median",
+                            fmt=_us),
+    "step_small_added": Figure((_t(_TRAIN.replace(r"\d+", "1") + "small", GDA),),
+                               of="difference", base=STOCK, fmt=_us),
+    # the porting assistant, fresh processes
+    "port_check": Figure((_t(_PORT, "1 MB GDA-era file, check"),), of="median", fmt=_s),
+    "port_write": Figure((_t(_PORT, "1 MB GDA-era file, --write"),), of="median", fmt=_s),
+    "port_plain": Figure((_t(_PORT, "1 MB file without jax, check"),), of="median", fmt=_s),
+    "port_comment": Figure((_t(_PORT, "1 MB file, jax only in a comment, check"),),
+                           of="median", fmt=_s),
+}
+"""Every measured figure the pages show, by the substitution name they use."""
+
+
 def figures(results: dict) -> dict[str, str]:
   """Every figure the pages show, by the name they use it under."""
-  r = Rows(results)
-  train = "training loop, {} device(s), 20 donated leaves, {}"
-  pjit = "legacy pjit step, {} device(s), 26 donated leaves, flag {}"
-  seconds = sum(results["seconds"].values())
-  dispatch = {c: [p["ratio"] for p in r.curve("dispatch", GDA, f"flag {c}").values()]
-              for c in ("off", "on")}
-  picture = r.curve("picture", "GlobalDeviceArray._repr_html_")
-  most = max(picture)
   return {
-      # a tiny jit call, 1 and 8 devices, 1 and 10 arguments, flag off and on
-      "dispatch": _span(x["ratio"] for x in r.where("dispatch, ", GDA)),
-      "shared": _span([*r.ratios("shared buffers, ", "made from a kept jax.Array", "sole owner"),
-                       *r.ratios("shared buffers, ", "to_jax_array() kept", "sole owner"),
-                       *r.ratios("shared buffers, ", "batch made from a kept jax.Array",
-                                 "sole owner")]),
-      "shared_cache": f"{max(x['median'] for x in r.where('shared buffers, ', 'cache entries added by 500 calls')):.0f}",
-      "train_big": _span(r.where(train.format(n, "big"), GDA)[0]["ratio"] for n in (1, 8)),
-      "train_small_1": _x(r.where(train.format(1, "small"), GDA)[0]["ratio"]),
-      "train_small_8": _x(r.where(train.format(8, "small"), GDA)[0]["ratio"]),
-      "step_small_us": _us(r.where(train.format(1, "small"), STOCK)[0]["median"]),
-      "step_small_added": _us(r.where(train.format(1, "small"), GDA)[0]["median"]
-                              - r.where(train.format(1, "small"), STOCK)[0]["median"]),
-      **{f"pjit_{flag}_{name}": _span(r.ratio(pjit.format(n, flag), variant, "jax.jit, GDA")
-                                      for n in (1, 8))
-         for flag in ("on", "off")
-         for name, variant in (("from_gda", "pjit(FROM_GDA)"), ("specs", "pjit(specs)"))},
-      "effects_debug": _x(r.ratio("ordered effects, 8 devices", "debug.callback x2 (ordered)",
-                                  "io_callback x2 (ordered), stock tokens")),
-      "effects_sharded": _x(r.ratio("per-shard callbacks, 8 devices", "sharded_callback x2",
-                                    "io_callback x2 in shard_map (ordered)")),
-      "construction": _x(r.ratio("construction throughput, 256 MiB",
-                                 "GlobalDeviceArray.from_callback", "jax.make_array_from_callback")),
-      "first_view": _us(r.median("first view of a fresh GDA, 64 devices",
-                                 "first to_jax_array() of a fresh GDA")),
-      "fetch_added": _us(r.median("implicit fetch of a fresh (8, 2) float32 array, 1 device",
-                                  "GlobalDeviceArray np.asarray")
-                         - r.median("implicit fetch of a fresh (8, 2) float32 array, 1 device",
-                                    "jax.Array np.asarray")),
-      "ckpt_save": _span([*r.ratios("checkpoint save, 256 MiB", "serialization.run_serialization (GDA)",
-                                    "stock run_serialization"),
-                          *r.ratios("checkpoint save, 256 MiB", "serialization, metadata='stock' (GDA)",
-                                    "stock run_serialization")]),
-      "ckpt_restore": _span(r.ratios("checkpoint restore, 256 MiB",
-                                     "serialization.run_deserialization (GDA)",
-                                     "stock run_deserialization")),
-      # a restore after every file of the checkpoint changed: against stock,
-      # and against the same restore with its chunk records removed (unchecked)
-      "ckpt_restore_changed": _span(r.ratios(_CHANGED, "serialization.run_deserialization (GDA)",
-                                             "stock run_deserialization")),
-      "ckpt_check_cost": _span(
-          row["median"] / r.median(row["benchmark"], "serialization, chunk record removed (unchecked)")
-          for row in r.where(_CHANGED, "serialization.run_deserialization (GDA)")),
-      # stock's zstd format against the GDA-era gzip, saving the same random data
-      "ckpt_zstd_speedup": _x(r.ratio(_GZIP_SAVE, "stock, its own zstd metadata",
-                                      "stock run_serialization")),
-      "ledger": _span((x["median"] for x in r.where(
-          "ledger on a GDA implicit fetch", "added by the ledger (median of paired differences)")),
-          _us),
-      "import": f"{(r.ratio('import time', 'import jax; import jax_sharding_ext', 'import jax') - 1) * 100:.0f}%",
-      "donation_peak": _x(r.ratio("donation: peak live bytes", "GDA, donate=True", "GDA, donate=False")),
-      "donation_vs_array": _x(r.ratio("donation: peak live bytes", "GDA, donate=True",
-                                      "jax.Array, donate=True")),
-      "scaling_dispatch_off": _span(dispatch["off"]),
-      "scaling_dispatch_on": _span(dispatch["on"]),
-      "scaling_construction": _span(
-          p["ratio"] for p in r.curve("construction", "GlobalDeviceArray.from_callback").values()),
-      "picture_ms": f"{picture[most]['median']:.1f} ms",
-      "picture_vs_text": _x(picture[most]["ratio"]),
-      "transfers_most": _span(r.curve("transfers", GDA, case)[max(r.curve("transfers", GDA, case))]
-                              ["ratio"] for case in ("implicit fetch", "guarded reshard")),
-      "scaling_ckpt_save": _span(p["ratio"] for p in r.curve("checkpoint", _ckpt_variant(r, "save"),
-                                                             "save").values()),
-      "scaling_ckpt_restore": _span(p["ratio"] for p in r.curve(
-          "checkpoint", _ckpt_variant(r, "restore"), "restore").values()),
-      "port_check": f"{r.median('porting assistant, 1 MB files', '1 MB GDA-era file, check'):.1f} s",
-      "port_write": f"{r.median('porting assistant, 1 MB files', '1 MB GDA-era file, --write'):.1f} s",
-      "port_plain": f"{r.median('porting assistant, 1 MB files', '1 MB file without jax, check'):.1f} s",
-      "bench_minutes": f"{math.ceil(seconds / 60)} minutes",
+      **{name: figure.render(results) for name, figure in FIGURES.items()},
+      "bench_minutes": f"{math.ceil(sum(results['seconds'].values()) / 60)} minutes",
       "bench_date": results["started"].split()[0],
   }
-
-
-_CHANGED = "checkpoint restore after the files changed, 256 MiB"
-_GZIP_SAVE = "checkpoint save, 256 MiB float32 over 8 devices, GDA-era metadata (gzip"
-
-
-def _ckpt_variant(r: Rows, case: str) -> str:
-  """The package's variant of the checkpoint curve's `case` (not the base)."""
-  return next(x["variant"] for x in r.rows if x.get("curve") == "checkpoint"
-              and x["case"] == case and x["variant"] != x["base"])
 
 
 def write_pages(results: dict, directory: pathlib.Path) -> None:

@@ -1,6 +1,6 @@
 """Building a GDA from data callbacks: the constructors, and the work behind them.
 
-`_FromCallbacks` is the mixin behind `GlobalDeviceArray.from_callback`,
+`_FromCallbacks` is the part behind `GlobalDeviceArray.from_callback`,
 `from_batched_callback` and `from_batched_callback_with_devices`; the
 functions below build the GDA's `jax.Array` from the values a callback
 returns.
@@ -186,15 +186,15 @@ def in_device_order(arrays: Any, devices: Sequence[Any]) -> Any:
 
 
 class _FromCallbacks:
-  """Mixin: the GDA-era constructors that take a data callback.
+  """A part of `GlobalDeviceArray` (`_public.assembled`): the GDA-era constructors that take a data callback.
 
-  The class using it provides `_wrap(arr, mesh_axes, shared=...)` (a GDA
+  The class assembled from it provides `_wrap(arr, mesh_axes, shared=...)` (a GDA
   over a checked `jax.Array`) and a constructor taking device buffers.
   """
 
   __slots__ = ()
 
-  if TYPE_CHECKING:  # provided by the class using the mixin
+  if TYPE_CHECKING:  # provided by the class assembled from it
     @classmethod
     def _wrap(cls, arr: jax.Array, mesh_axes: Any = None, *,
               shared: bool = False) -> GlobalDeviceArray: ...

@@ -23,18 +23,22 @@ from __future__ import annotations
 from typing import Any
 
 from jax_sharding_ext._jax import buffers as jax_buffers
+from jax_sharding_ext._jax import dispatch as jax_dispatch
 
 
 def mark_shared(gda: Any) -> None:
   """Record that arrays outside `gda` may hold its buffers (for good).
 
-  From then on jit's dispatch watches each of its buffers for deletion by
-  those arrays, reading `gda._later` (the private array's later shards, read
-  on first use).
+  From then on jit's dispatch keys it (`_jax/dispatch.py`) and watches each
+  of its buffers for deletion by those arrays, reading `gda._later` (the
+  private array's later shards, read on first use).
   """
-  if not gda._shared:
-    gda._later = None
-    gda._shared = True
+  jax_dispatch.mark_keyed(gda, shared=True)
+
+
+def is_shared(gda: Any) -> bool:
+  """Whether arrays outside `gda` may hold its buffers."""
+  return gda._node is not None and gda._shared
 
 
 def handed_out(gda: Any, arr: Any) -> Any:

@@ -10,12 +10,15 @@ handing a GDA to `jax.jit` passes those buffers straight to the executable
 when the sharding matches.
 
 This module holds the class, its constructor and zero-copy conversions, its
-life (deletion, donation, copies, pickling) and its text. Its mixins hold the
+life (deletion, donation, copies, pickling) and its text. Its parts hold the
 rest, one responsibility each: the constructors from data callbacks
 (`_FromCallbacks`, `construct.py`), what it says about its global array and
 placement (`_Placement`, `placement.py`), its shards (`_ShardAccess`,
 `shards.py`) and the rest of `jax.Array`'s surface (`_ArraySurface`,
-`surface.py`).
+`surface.py`). The class takes their members as its own
+(`_public.assembled`) rather than inheriting them, so `help()`, its method
+resolution order and reprs show `GlobalDeviceArray` and `jax.Array` alone;
+type checkers see the parts as bases.
 
 Stock JAX accepts it through its extension tables (`_dispatch/handlers.py`;
 the output flag in `_dispatch/output.py`) as a committed array; every
@@ -26,13 +29,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jax_sharding_ext._array import construct, family
+from jax_sharding_ext._array import construct, family, surface
 from jax_sharding_ext._array.checks import check_buffers, extended_dtype_error
 from jax_sharding_ext._array.construct import _FromCallbacks
 from jax_sharding_ext._array.placement import _Placement
@@ -45,14 +48,20 @@ from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import frames as jax_frames
 from jax_sharding_ext._jax import tables as jax_tables
 from jax_sharding_ext._jax import tracebacks as jax_tracebacks
-from jax_sharding_ext._public import public
+from jax_sharding_ext._public import assembled, public
 from jax_sharding_ext._transfers import moves
 
 _USE = "use it in a JAX operation"
 
+if TYPE_CHECKING:  # what `assembled` gives the class at run time, as bases
+  class _Assembled(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface, jax.Array): ...
+else:
+  _Assembled = jax.Array
 
+
+@assembled(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface)
 @public("jax_sharding_ext")
-class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface, jax.Array):
+class GlobalDeviceArray(_Assembled):
   """A logical array sharded across the devices (and processes) of a mesh.
 
   Each process holds a `GlobalDeviceArray` for the same global array; it can
@@ -101,16 +110,20 @@ class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface,
   """
 
   # `_init` and `rebuild` (the hot path of every GDA output) set every slot.
-  __slots__ = ("_arr", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched", "_shared",
-               "_later", "_key", "__weakref__")
-  _arr: Any  # the private `jax.Array` (its sharding a `NamedSharding`)
-  _mesh: Mesh | None
-  _mesh_axes: Any
-  _local_shards: list[Shard] | None
-  _host_fetched: bool
-  _shared: bool
-  _later: tuple[Any, ...] | None  # set while `_shared` (`family.mark_shared`)
-  _key: Any
+  __slots__ = ("_arr", "_node", "_mesh", "_mesh_axes", "_local_shards", "_host_fetched",
+               "_shared", "_later", "__weakref__")
+  if TYPE_CHECKING:  # for type checkers only: `help()` lists no private annotations
+    _arr: Any  # the private `jax.Array` (its sharding a `NamedSharding`)
+    _mesh: Mesh | None
+    _mesh_axes: Any
+    _local_shards: list[Shard] | None
+    _host_fetched: bool
+    # How jit's dispatch keys it: None while it is its buffers' only owner, else
+    # `KEYED` for good (`_jax/dispatch.py`); `_shared` and `_later` are set
+    # when it is keyed (`mark_keyed`), and read only then.
+    _node: Any
+    _shared: bool  # arrays outside it may hold its buffers (`family.py`)
+    _later: tuple[Any, ...] | None  # its shards to watch (`buffers.watched_shards`)
   __array_priority__ = 100
 
   # A GDA is always committed to its devices (read by `jax.jit`).
@@ -135,10 +148,8 @@ class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface,
     # Set by the first fetch to the host (`_transfers/moves.py`); later
     # fetches read the host copy, as for a `jax.Array`, and are not transfers.
     self._host_fetched = False
-    # Whether arrays outside this GDA may hold its buffers (`family.py`), and the key of the
-    # last jit call that flattened this GDA on a slow key (`_jax/dispatch.py`).
-    self._shared = False
-    self._key = None
+    # Its buffers' only owner until marked otherwise (`family.py`).
+    self._node = None
 
   @classmethod
   def _wrap(cls, arr: jax.Array, mesh_axes: MeshAxes | None = None, *,
@@ -404,6 +415,9 @@ class GlobalDeviceArray(_FromCallbacks, _Placement, _ShardAccess, _ArraySurface,
     return adapter()
 
 
+surface.taken_by(GlobalDeviceArray)
+
+
 def _unpickle(value: np.ndarray, device_ids: np.ndarray, axis_names: tuple,
               mesh_axes: MeshAxes, weak_type: bool = False, as_spec: bool = False):
   if as_spec and isinstance(mesh_axes, tuple):  # a `PartitionSpec`'s entries
@@ -434,6 +448,5 @@ def rebuild(key: Any, children: Sequence[jax.Array]) -> GlobalDeviceArray:
   self._mesh_axes = FROM_SHARDING
   self._local_shards = None
   self._host_fetched = False
-  self._shared = False
-  self._key = None
+  self._node = None
   return self

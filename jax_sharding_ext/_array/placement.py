@@ -1,6 +1,6 @@
 """What a `GlobalDeviceArray` says about its global array and where it lives.
 
-`_Placement` is the mixin behind the GDA's descriptive attributes: shape,
+`_Placement` is the part behind the GDA's descriptive attributes: shape,
 dtype, size, the mesh and `mesh_axes` it was built with, its
 `NamedSharding`, its devices. Each is read from the GDA's private
 `jax.Array` (or what the constructor was given) without touching the data,
@@ -21,9 +21,9 @@ from jax_sharding_ext._array.shard_math import MeshAxes, Shape
 
 
 class _Placement:
-  """Mixin: shape, dtype, mesh, `mesh_axes`, sharding and devices of a GDA.
+  """A part of `GlobalDeviceArray` (`_public.assembled`): shape, dtype, mesh, `mesh_axes`, sharding and devices of a GDA.
 
-  The class using it provides `_arr` (its `jax.Array`, whose sharding is a
+  The class assembled from it provides `_arr` (its `jax.Array`, whose sharding is a
   `NamedSharding`), `_mesh` (the constructor's mesh, or None to read it from
   `_arr`'s sharding) and `_mesh_axes` (what the constructor was given, or
   `FROM_SHARDING` for the sharding's spec).
@@ -31,7 +31,7 @@ class _Placement:
 
   __slots__ = ()
 
-  if TYPE_CHECKING:  # provided by the class using the mixin
+  if TYPE_CHECKING:  # provided by the class assembled from it
     _arr: Any
     _mesh: Mesh | None
     _mesh_axes: Any

@@ -1,6 +1,6 @@
-"""The small records of the GDA API: the `FROM_GDA` sentinel (and the test
-for a leaf of a sharding-spec pytree), the `Shard` record and the GDA's shape
-tuple.
+"""The small records of the GDA API: the `FROM_GDA` sentinel and its type
+(and the test for a leaf of a sharding-spec pytree), the `Shard` record and
+the GDA's shape tuple.
 """
 
 from __future__ import annotations
@@ -34,10 +34,13 @@ class Sentinel:
     return (type(self), ())
 
 
-class FromGda(Sentinel):
-  """`FROM_GDA`: in legacy `pjit`'s `in_axis_resources`, "this argument's own sharding".
+@public("jax_sharding_ext")
+class FromGdaType:
+  """The type of `FROM_GDA`, legacy `pjit`'s "this argument's own sharding".
 
-  The argument must be a `GlobalDeviceArray` or a `jax.Array` with a
+  `FROM_GDA` is its one instance: calling the type returns it, and it
+  pickles as `jax_sharding_ext.FROM_GDA`. In `in_axis_resources`, the
+  argument must be a `GlobalDeviceArray` or a `jax.Array` with a
   `NamedSharding`; anything else is a `ValueError`, as in the GDA era.
 
   Example:
@@ -50,11 +53,27 @@ class FromGda(Sentinel):
     >>> double(np.arange(8.0))
     Traceback (most recent call last):
     ValueError: ...
+    >>> isinstance(FROM_GDA, FromGdaType), FromGdaType() is FROM_GDA
+    (True, True)
   """
 
-  _name = "FROM_GDA"
-FROM_GDA = FromGda()
+  __slots__ = ()
+
+  def __new__(cls) -> FromGdaType:
+    return FROM_GDA
+
+  def __repr__(self) -> str:
+    return "FROM_GDA"
+
+  def __reduce__(self) -> str:
+    return "FROM_GDA"  # pickle stores the global `jax_sharding_ext.FROM_GDA`
+
+
+FROM_GDA: FromGdaType = object.__new__(FromGdaType)
 """Legacy `pjit` `in_axis_resources` entry: use the argument's own sharding."""
+
+FromGda = FromGdaType
+"""The type's name in pickles of `FROM_GDA` written before it pickled as the global."""
 
 
 def is_spec_leaf(x: Any) -> bool:

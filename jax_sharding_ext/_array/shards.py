@@ -1,6 +1,6 @@
 """The shards of a `GlobalDeviceArray`: the GDA-era per-device access.
 
-`_ShardAccess` is the mixin behind `local_shards` (also
+`_ShardAccess` is the part behind `local_shards` (also
 `addressable_shards`), `global_shards`, `local_data` (also
 `addressable_data`) and the GDA-era private `_device_buffers`. A shard's
 `data` is one of the GDA's own device buffers as a single-device
@@ -22,9 +22,9 @@ from jax_sharding_ext._jax import buffers as jax_buffers
 
 
 class _ShardAccess:
-  """Mixin: the shards of a GDA, local and global.
+  """A part of `GlobalDeviceArray` (`_public.assembled`): the shards of a GDA, local and global.
 
-  The class using it provides `_local_shards` (the cached local shards, or
+  The class assembled from it provides `_local_shards` (the cached local shards, or
   None), `_checked_array(action)` (its live `jax.Array`, or the GDA-era
   `RuntimeError` once deleted) and the `shape`, `mesh` and `mesh_axes` the
   shards are laid out by.
@@ -32,7 +32,7 @@ class _ShardAccess:
 
   __slots__ = ()
 
-  if TYPE_CHECKING:  # provided by the class using the mixin
+  if TYPE_CHECKING:  # provided by the class assembled from it
     _local_shards: list[Shard] | None
     shape: Any
     mesh: Any

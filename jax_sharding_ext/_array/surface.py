@@ -66,10 +66,21 @@ HOST_METHODS = ("item", "tolist", "tobytes")
 
 _ACTION = "use it in a JAX operation"
 
+_OWNERS: tuple[type[_ArraySurface], ...] = ()
+"""The classes that took `_ArraySurface`'s members (`taken_by`)."""
+
+
+def taken_by(cls: type[_ArraySurface]) -> None:
+  """Record that `cls` has `_ArraySurface`'s members: its instances, as
+  operands and indices, are unwrapped to their `jax.Array` views."""
+  global _OWNERS
+  if cls not in _OWNERS:
+    _OWNERS += (cls,)
+
 
 def _unwrap(x: Any) -> Any:
   """A GDA operand becomes its `jax.Array` view (also inside index tuples)."""
-  if isinstance(x, _ArraySurface):
+  if isinstance(x, _OWNERS):
     return x._checked_array(_ACTION)
   if type(x) is tuple:
     return tuple(_unwrap(e) for e in x)
@@ -158,9 +169,9 @@ def _is_scalar(self) -> bool:
 
 
 class _ArraySurface:
-  """Mixin: operators, indexing, methods and conversions of `jax.Array`.
+  """A part of `GlobalDeviceArray` (`_public.assembled`): operators, indexing, methods and conversions of `jax.Array`.
 
-  The class using it provides `_arr` (the view), `_checked_array(action)`
+  The class assembled from it provides `_arr` (the view), `_checked_array(action)`
   (the live view, or a `RuntimeError` if deleted), `_shard_array(action)`
   (the same, with its single-device arrays built, safely across threads) and
   `_host_array()` (the view, after fetching its value to the host as an
@@ -169,7 +180,7 @@ class _ArraySurface:
 
   __slots__ = ()
 
-  if TYPE_CHECKING:  # provided by the class using the mixin
+  if TYPE_CHECKING:  # provided by the class assembled from it
     _arr: Any
 
     def _checked_array(self, action: str) -> Any: ...

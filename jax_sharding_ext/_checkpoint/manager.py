@@ -70,11 +70,12 @@ class GlobalAsyncCheckpointManagerBase(metaclass=abc.ABCMeta):
       >>> mesh = Mesh(np.array(jax.devices()), ('x',))
       >>> gda = jse.GlobalDeviceArray.from_callback((8,), mesh, P('x'),
       ...                                           lambda index: np.zeros(8)[index])
-      >>> manager = GlobalAsyncCheckpointManager()
+      >>> manager, committed = GlobalAsyncCheckpointManager(), []
       >>> manager.serialize([gda], [get_tensorstore_spec(tempfile.mkdtemp() + '/w')],
-      ...                   on_commit_callback=lambda: print('committed'))
-      >>> manager.wait_until_finished()
-      committed
+      ...                   on_commit_callback=lambda: committed.append('w'))
+      >>> manager.wait_until_finished()   # the commit has run (on a thread of its own)
+      >>> committed
+      ['w']
     """
 
   @abc.abstractmethod
@@ -156,12 +157,13 @@ class GlobalAsyncCheckpointManager(jax_checkpoint.ExtraCommitFutures,
       >>> mesh = Mesh(np.array(jax.devices()), ('x',))
       >>> gda = jse.GlobalDeviceArray.from_callback((8,), mesh, P('x'),
       ...                                           lambda index: np.ones(8)[index])
-      >>> manager = GlobalAsyncCheckpointManager()
+      >>> manager, committed = GlobalAsyncCheckpointManager(), []
       >>> manager.serialize([gda], [get_tensorstore_spec(tempfile.mkdtemp() + '/w')],
-      ...                   on_commit_callback=lambda: print('step 1 committed'))
+      ...                   on_commit_callback=lambda: committed.append('step 1'))
       >>> gda.delete()   # its data is on the host already
-      >>> manager.wait_until_finished()
-      step 1 committed
+      >>> manager.wait_until_finished()   # the commit has run (on a thread of its own)
+      >>> committed
+      ['step 1']
     """
     fn = "GlobalAsyncCheckpointManager.serialize"
     where = recording.site()

@@ -40,14 +40,14 @@ _SKIP = jax_frames.NOT_USER_CODE + tuple(
 
 def site(extra_skip: tuple[str, ...] = ()) -> Any:
   """The user's line that started the checkpoint call (None if no ledger is open)."""
-  if not ledger.open_count:
+  if not ledger.OPEN:
     return None
   return jax_frames.user_call_site(_SKIP + extra_skip)
 
 
 def saved(arrays: Iterable[jax.Array], where: Any) -> None:
   """Record the save of `arrays` (this process's shards of replica 0)."""
-  if not ledger.open_count:
+  if not ledger.OPEN:
     return
   for arr in arrays:
     devices = tuple(s.device for s in arr.addressable_shards if s.replica_id == 0)
@@ -57,7 +57,7 @@ def saved(arrays: Iterable[jax.Array], where: Any) -> None:
 
 def restored(arrays: Iterable[jax.Array], where: Any) -> None:
   """Record the restore of `arrays` (every shard on this process's devices)."""
-  if not ledger.open_count:
+  if not ledger.OPEN:
     return
   for arr in arrays:
     devices = tuple(arr.sharding.addressable_devices_indices_map(arr.shape))

@@ -26,11 +26,12 @@ crashes (jaxlib 0.10.2). Two pieces make sure such a call never runs:
   every array argument of a call that involves a GDA.
 * `jax_dispatch.view_flatten` flattens a GDA for jit's C++ dispatch
   registry, the only Python that runs for an argument of a warm call. Its
-  node data sends a call with a deleted GDA, or a call whose executable an
-  alias of a GDA's buffers could hurt, to the Python path above; every other
-  call keeps the C++ fast path. `check_donated_args` records, for the call
-  that fills a cache entry, whether an alias could hurt it
-  (`jax_dispatch.record_call`).
+  node data sends a call with a deleted GDA to the Python path above, and
+  keys a GDA whose buffers may appear elsewhere in the call. For the call
+  that fills a cache entry, `check_donated_args` judges whether an alias of
+  a keyed argument could hurt its executable (`jax_dispatch.record_call`);
+  if so, the entry stays off the C++ fast path and every call matching it
+  takes the Python path. Every other call keeps the fast path.
 
 Calls made only of `jax.Array`s never reach this package (stock behaviour).
 
@@ -47,6 +48,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jax_sharding_ext._array import family
 from jax_sharding_ext._array.gda import GlobalDeviceArray
 from jax_sharding_ext._jax import buffers as jax_buffers
 from jax_sharding_ext._jax import dispatch as jax_dispatch
@@ -233,7 +235,7 @@ def _donated_alias(args: Sequence[Any], donated: Sequence[bool]) -> tuple[int, i
   for i, x in enumerate(args):
     t = type(x)
     if t is GlobalDeviceArray:
-      arrays[i], may_share[i] = (x._arr, True), x._shared
+      arrays[i], may_share[i] = (x._arr, True), family.is_shared(x)
     elif t is array_t:
       arrays[i], may_share[i] = (x, False), True
   first: dict[int, int] = {}

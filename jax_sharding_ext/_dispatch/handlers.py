@@ -9,7 +9,8 @@ right under its definition.
 * canonicalisation: the identity, as for `jax.Array`;
 * MLIR constant handlers: a GDA closed over by a jitted function is fetched
   and embedded like a `jax.Array`;
-* jit's C++ dispatch registry: warm calls unpack a GDA to its private array;
+* jit's C++ dispatch registry: warm calls unpack a GDA to its private array
+  (and a cache entry an alias could hurt stays off that fast path);
 * `jax.device_put(gda)` with no target keeps it where it is, and a reshard
   across processes is stock's reshard of its `jax.Array`.
 
@@ -63,6 +64,7 @@ def constant(x: GlobalDeviceArray, aval):
 EDITS.append(jax_tables.TableEdit("mlir constant handlers", jax_tables.constant_handlers,
                                   GlobalDeviceArray, constant))
 EDITS.append(jax_dispatch.DispatchNodeEdit(GlobalDeviceArray, rebuild))
+EDITS.append(jax_dispatch.FastPathVerdictEdit())
 
 
 def device_put_args(xs: list, devices: list) -> tuple[list, list, Any]:

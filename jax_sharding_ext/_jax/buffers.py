@@ -89,8 +89,10 @@ def later_shards(arr: Any) -> tuple[Any, ...]:
 
 
 def watched_shards(view: Any) -> tuple[Any, ...]:
-  """`later_shards` of a shared view's private array (`view._arr`), read once
-  per view and kept in `view._later` (which marking the view shared resets)."""
+  """The shards of a keyed view's private array (`view._arr`) to watch for a
+  buffer freed through another array: `later_shards`, read once per shared
+  view and kept in `view._later` (None until read); `()` for a view no array
+  outside it holds (`_jax.dispatch.mark_keyed`)."""
   later = view._later
   if later is None:
     later = view._later = later_shards(view._arr)
@@ -102,20 +104,17 @@ def view_freed(view: Any) -> bool:
   buffers arrays outside it hold) one of its buffers."""
   if view._arr.is_deleted():
     return True
-  if not view._shared:
+  if view._node is None:  # its buffers' only owner
     return False
-  later = watched_shards(view)
-  return bool(later) and later_deleted(later)
+  return later_deleted(watched_shards(view))
 
 
 def later_deleted(later: tuple[Any, ...]) -> bool:
   """Whether one of `later_shards(arr)` is deleted (`arr.is_deleted()` aside)."""
-  for a in later:
-    if a.is_deleted():
-      return True
-  return False
+  return any(map(_is_deleted, later))
 
 
+_is_deleted = ArrayImpl.is_deleted
 _HAS_CLONE = hasattr(ArrayImpl, "clone")
 
 

@@ -1,24 +1,31 @@
 """jit's C++ dispatch: the pytree registry its fast path flattens arguments
-with (`jax._src.tree_util.dispatch_registry`), and the node data that decides
-which warm calls of a GDA may reuse a cached executable.
+with (`jax._src.tree_util.dispatch_registry`), the node data that decides
+which warm calls of a GDA may reuse a cached executable, and the verdict
+that keeps a cache entry off the fast path
+(`pxla.reflatten_outputs_for_dispatch`).
 
 Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the registry's name or its
 `register_node` signature; `HAS_DISPATCH_REGISTRY` turns False and GDA calls
-take jit's slower Python path (still correct). And the interpreter's
-reference counting (`SOLE_OWNER_REFCOUNT` is measured at import, and
-`tests/test_dispatch.py` fails if warm calls stop hitting the fast path).
+take jit's slower Python path (still correct). `reflatten_outputs_for_dispatch`
+renamed (`HAS_FAST_PATH_VERDICT` turns False; `tests/test_compat.py` names
+it). And the interpreter's reference counting (`SOLE_OWNER_REFCOUNT` is
+measured at import, and `tests/test_dispatch.py` fails if warm calls stop
+hitting the fast path).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from typing import Any
 
-from jax_sharding_ext._edit import STATE
-from jax_sharding_ext._jax.buffers import later_deleted, view_freed, watched_shards
+from jax._src.interpreters import pxla as _pxla
+
+from jax_sharding_ext._edit import STATE, Edit, replaced_error
+from jax_sharding_ext._jax.buffers import view_freed, watched_shards
 from jax_sharding_ext._jax.tables import ArrayImpl, RegisterOnceEdit
 
 # --- the registry -------------------------------------------------------------
@@ -65,8 +72,8 @@ class DispatchNodeEdit(RegisterOnceEdit):
   """Let jit's C++ fast path unpack a view type to its private array.
 
   Instances of `typ` hold their `jax.Array` in the slot `_arr` and the
-  bookkeeping `view_flatten` reads (`_shared`, `_later`, `_key`); `unflatten(node_data,
-  (array,))` rebuilds an output.
+  bookkeeping `view_flatten` reads (`_node`, and `_later` while `_node` is
+  `KEYED`); `unflatten(node_data, (array,))` rebuilds an output.
   """
 
   name = "tree_util.dispatch_registry"
@@ -99,32 +106,40 @@ def dispatch_flatten(x: Any) -> tuple[list[Any], Any]:
 # call, and the node data it returns is part of the C++ cache key: C++
 # compares it with `==` against the node data of each cached call of the
 # same shape, after flattening the whole call and before running anything
-# (it never hashes it). So the node data decides which calls may reuse a
-# cached executable:
+# (it never hashes it; equal objects compare by identity, with no Python).
+# So the node data decides which calls may reuse a cached executable:
 #
-# * `None` (the plain fast path) when the GDA's private array has no other
-#   reference and the GDA is not shared (`_array/family.py`): then no other
-#   argument of the call can hold its buffers.
-# * an `AliasKey` when its buffers may appear elsewhere in the call: its
-#   private array is referenced again (the same GDA earlier in this call:
-#   C++ holds every leaf it has flattened), or the GDA is shared (a
-#   `jax.Array` over its buffers exists outside it, and may be passed in this
-#   call: nothing can tell, since C++ runs no Python for a `jax.Array` leaf).
-#   An alias has the GDA's dtype and shard shape, and C++ only matches calls
-#   whose arguments have the same shapes, dtypes and shardings at the same
-#   places. So the key's `__eq__` matches a cached call whenever that call's
-#   executable could not be hurt by an alias (`record_call` says when).
-#   Every other call takes the Python path, where the donation check sees
-#   the whole call.
+# * `None` when the GDA is its buffers' only owner (`_node` is None: no array
+#   outside it holds them, `_array/family.py`) and its private array has no
+#   other reference (not the same GDA earlier in this call: C++ holds every
+#   leaf it has flattened). No other argument of the call can hold its
+#   buffers.
+# * `KEYED` (one object) when its buffers may appear elsewhere in the call:
+#   the GDA is shared (a `jax.Array` over its buffers exists outside it and
+#   may be passed in this call: nothing can tell, since C++ runs no Python for
+#   a `jax.Array` leaf), or its private array was seen held twice (the same
+#   GDA twice in a call). Such a GDA is keyed for good (`_node`), so that the
+#   Python path of the call that fills a cache entry knows which of its
+#   arguments were keyed (`record_call`). All of its buffers are alive: a
+#   shared GDA's later shards are watched (another array over one may have
+#   freed it).
 # * a fresh `object()` for a deleted GDA (matches nothing: the Python path
 #   raises the GDA-era error), `DISPATCH_OFF` while uninstalled.
 #
-# What the cached executable donates is recorded on the keys of the call that
-# filled the cache entry (`record_call`), by the donation check on that
-# call's Python path.
+# A keyed call matches a cached one by identity, at a sole owner's speed.
+# What makes that safe is the Python path of the call that fills the cache
+# entry: it sees the whole call (`_dispatch/donation.py`), and when an alias
+# of a keyed argument could hurt its executable (it donates an argument a
+# keyed one could share a buffer with), it keeps the entry off the fast path
+# (`FastPathVerdictEdit`): every later call of that signature takes the
+# Python path, where the donation check sees it. Whether an alias could
+# hurt is decided from what the signature fixes (which arguments are GDAs,
+# keyed or not, their shapes, dtypes and shardings, and the function's
+# donation), so one answer holds for every call that matches the entry.
 
 _getrefcount = sys.getrefcount
 _get_ident = threading.get_ident
+_is_deleted = ArrayImpl.is_deleted
 
 
 class _RefcountProbe:
@@ -146,89 +161,109 @@ def _sole_owner_refcount() -> int:
 
 
 SOLE_OWNER_REFCOUNT = _sole_owner_refcount()
+_sole = 0
+"""`SOLE_OWNER_REFCOUNT` while installed, else 0 (no count matches: every GDA
+takes `_rare`, which gives `DISPATCH_OFF`). `open_gate` sets it."""
 
 
-class AliasKey:
+def open_gate(installed: bool) -> None:
+  """Follow `STATE.installed` (called wherever it changes) on the fast path."""
+  global _sole
+  _sole = SOLE_OWNER_REFCOUNT if installed else 0
+
+
+class _Keyed:
   """Node data of a GDA whose buffers may appear elsewhere in the call."""
 
-  __slots__ = ("safe", "thread")
-
-  def __init__(self):
-    # Recorded by the Python path of the call that fills the cache entry.
-    self.safe: bool | None = None
-    self.thread = _get_ident()
-
-  def __eq__(self, other: object) -> bool:
-    # One side is the cached call's key; the other is new and has no record.
-    # No record at all (no GDA of the cached call reached
-    # `shard_arg_handlers`: it failed, or never passed this argument to its
-    # executable) matches nothing.
-    if type(other) is AliasKey:
-      return bool(self.safe or other.safe)
-    return False  # `None`, a deleted GDA's or an uninstalled key
-
-  __hash__ = object.__hash__  # C++ compares node data; it never hashes it
+  __slots__ = ()
 
   def __repr__(self) -> str:
     return "<GDA dispatch key: buffers possibly shared>"
 
 
+KEYED = _Keyed()
+
+
 def view_flatten(gda: Any) -> tuple[tuple[Any], Any]:
   """How jit's C++ dispatch flattens a GDA: `((its private jax.Array,), node data)`."""
   arr = gda._arr
-  if _getrefcount(arr) == SOLE_OWNER_REFCOUNT and STATE.installed and not arr.is_deleted():
-    if not gda._shared:
+  if _getrefcount(arr) == _sole and not _is_deleted(arr):
+    if gda._node is None:
       return (arr,), None
-    later = gda._later  # `view_freed`, inlined: this runs for every argument
+    later = gda._later  # `jax_buffers.view_freed`, inlined: this runs for every argument
     if later is None:
       later = watched_shards(gda)
-    if not (later and later_deleted(later)):  # another array over one may be gone
-      return (arr,), _alias_key(gda)
-  return (arr,), _slow_key(gda)
+    if not later or not any(map(_is_deleted, later)):
+      return (arr,), KEYED
+  return (arr,), _rare(gda)
 
 
-def _slow_key(gda: Any) -> Any:
+def _rare(gda: Any) -> Any:
+  """Node data of a GDA off the plain paths: uninstalled, deleted (or a shared
+  GDA with a buffer freed through another array), or held twice."""
   if not STATE.installed:
     return DISPATCH_OFF  # a key no warm entry has
   if view_freed(gda):
     return object()  # never cached: the Python path raises
-  return _alias_key(gda)  # the private array is referenced again
+  mark_keyed(gda)  # its private array is held again: the same GDA twice in this call
+  return KEYED
 
 
-def _alias_key(gda: Any) -> AliasKey:
-  key = gda._key  # unrecorded, so no cache entry relies on it: reusable
-  if key is None or key.thread != _get_ident():
-    key = gda._key = AliasKey()
-  return key
+def mark_keyed(view: Any, *, shared: bool = False) -> None:
+  """Key `view` on jit's dispatch path for good (`KEYED`).
+
+  `shared`: arrays outside `view` may hold its buffers, so its later shards
+  are watched from now on (read on first use, `jax_buffers.watched_shards`).
+  `_shared` and `_later` are set before `_node`, which readers check first.
+  """
+  if shared:
+    if view._node is None or not view._shared:
+      view._shared = True
+      view._later = None
+      view._node = KEYED
+  elif view._node is None:
+    view._shared = False
+    view._later = ()  # no array outside it holds its buffers: nothing to watch
+    view._node = KEYED
+
+
+# --- the verdict: may this cache entry serve later calls on the fast path? ----
+
+_verdict = threading.local()
+
+
+def new_execution() -> None:
+  """Forget the verdict of an earlier call: every execution on jit's Python
+  path starts with none (the one it gets is read after it has run)."""
+  _verdict.unsafe = False
 
 
 def record_call(args: Any, donated: Any, gdas: Any, view_type: Any) -> None:
-  """Record on the call's dispatch keys whether an alias could hurt its executable.
+  """Decide whether an alias could hurt the running call's executable.
 
-  `args` / `donated` are the flat arguments of the running call and which
-  are donated, or None when they could not be read (then nothing is
-  recorded safe); `gdas` the batch of `view_type` arguments being handed to
-  the executable.
+  Called on jit's Python path, by the donation check of a call with GDA
+  arguments (`gdas`, the batch of `view_type` arguments being handed to the
+  executable), before anything runs. `args` / `donated` are the flat
+  arguments the executable receives and which are donated, or None when they
+  could not be read (then a call with a keyed GDA is judged unsafe).
 
-  A later call reuses this executable only if it matches this one leaf by
-  leaf: the same shapes, dtypes and shardings, a `jax.Array` where this call
-  had one, a GDA on an alias key where this one had one, and a GDA whose
-  node data is None (its buffers' only owner when flattened) where this one
-  had that. So the arguments a keyed GDA `x` may share a buffer with in such
-  a call are: any `jax.Array` and any keyed GDA with a buffer of `x`'s dtype
-  and shard shape (stock can build those over `x`'s buffers, on any mesh of
-  the same devices), and any GDA with `x`'s very shape, dtype and sharding
-  (it may be `x` itself, passed again: its first occurrence is flattened
-  before C++ holds a second reference). If one of them or `x` is donated,
-  the executable is not safe for `x`.
+  A later call reuses this call's cache entry only if it matches this one
+  leaf by leaf: the same shapes, dtypes and shardings, a `jax.Array` where
+  this call had one, a keyed GDA where this one had one, and a GDA of node
+  data None (its buffers' only owner, held once) where this one had that. So
+  the arguments a keyed GDA `x` may share a buffer with in such a call are:
+  any `jax.Array` and any keyed GDA with a buffer of `x`'s dtype and shard
+  shape (stock can build those over `x`'s buffers, on any mesh of the same
+  devices), and any GDA with `x`'s very shape, dtype and sharding (it may be
+  `x` itself, passed again: its first occurrence is flattened before C++
+  holds a second reference). If one of them or `x` is donated, the entry
+  must stay off the fast path.
   """
   if args is None:  # the donation could not be read: never skip the check
-    for g in gdas:
-      _record(g, False)
+    if any(g._node is KEYED for g in gdas):
+      _verdict.unsafe = True
     return
-  keyed: list[Any] = [x for x in args if type(x) is view_type and x._key is not None]
-  if not keyed:
-    return
+  keyed = [x for x in args if type(x) is view_type and x._node is KEYED]
   for x in keyed:
     arr = x._arr
     loose, exact = _loose_like(arr), _like(arr)
@@ -236,7 +271,7 @@ def record_call(args: Any, donated: Any, gdas: Any, view_type: Any) -> None:
     for y, d in zip(args, donated, strict=True):
       if type(y) is view_type:
         other = y._arr
-        if not (_loose_like(other) == loose if y._key is not None else _like(other) == exact):
+        if not (_loose_like(other) == loose if y._node is KEYED else _like(other) == exact):
           continue
       elif type(y) is ArrayImpl:
         if _loose_like(y) != loose:
@@ -245,7 +280,9 @@ def record_call(args: Any, donated: Any, gdas: Any, view_type: Any) -> None:
         continue
       n_like += 1
       n_donated += bool(d)
-    _record(x, n_like == 1 or n_donated == 0)
+    if n_like > 1 and n_donated:
+      _verdict.unsafe = True
+      return
 
 
 def _like(arr: Any) -> tuple:
@@ -256,10 +293,59 @@ def _loose_like(arr: Any) -> tuple:
   return (arr.dtype, arr.sharding.shard_shape(arr.shape))
 
 
-def _record(gda: Any, safe: bool) -> None:
-  key = gda._key
-  if key is None:
-    return
-  gda._key = None
-  if key.safe is None and key.thread == _get_ident():
-    key.safe = safe
+class _NotAnArray:
+  """An output jit's C++ fast path cannot rebuild (`FastPathVerdictEdit`)."""
+
+  __slots__ = ()
+
+
+_NOT_AN_ARRAY = _NotAnArray()
+_reflatten_owner: Any = _pxla
+HAS_FAST_PATH_VERDICT = callable(getattr(_pxla, "reflatten_outputs_for_dispatch", None))
+
+
+class FastPathVerdictEdit(Edit):
+  """Keep a cache entry off jit's C++ fast path when `record_call` says so.
+
+  jit's Python path (a cache miss, `jax.jit` and AOT `Compiled` alike) asks
+  `pxla.reflatten_outputs_for_dispatch` for the outputs of the call it has
+  just run, and caches the executable for C++ only if every output it gives
+  is a `jax.Array`; otherwise the entry stays and every call that matches it
+  takes the Python path. For a call judged unsafe, the wrapper adds one
+  output that is not an array. Present in jax 0.8.3 to 0.12; when missing,
+  no GDA ever leaves the Python path on a keyed signature (see `_rare`).
+  """
+
+  name = "pxla.reflatten_outputs_for_dispatch"
+
+  def __init__(self):
+    self.prev: Any = None
+    self.wrapper: Any = None
+
+  def _apply(self) -> None:
+    if not HAS_FAST_PATH_VERDICT:  # pragma: no cover
+      return
+    prev = _reflatten_owner.reflatten_outputs_for_dispatch
+
+    def reflatten_outputs_for_dispatch(out_tree, out_flat):
+      out, tree = prev(out_tree, out_flat)
+      if getattr(_verdict, "unsafe", False):
+        _verdict.unsafe = False
+        out = [*out, _NOT_AN_ARRAY]
+      return out, tree
+
+    self.prev = prev
+    self.wrapper = functools.update_wrapper(reflatten_outputs_for_dispatch, prev)
+    _reflatten_owner.reflatten_outputs_for_dispatch = self.wrapper
+
+  def _check_revert(self) -> None:
+    if (self.wrapper is not None
+        and _reflatten_owner.reflatten_outputs_for_dispatch is not self.wrapper):
+      raise replaced_error(self.name)
+
+  def _revert(self) -> None:
+    if self.wrapper is None:  # pragma: no cover
+      return
+    self._check_revert()
+    _reflatten_owner.reflatten_outputs_for_dispatch = self.prev
+    self.prev = self.wrapper = None

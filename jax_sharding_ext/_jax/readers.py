@@ -4,7 +4,9 @@ of it (`swapping`) without stopping other threads.
 
 Touches: `pxla.lower_sharding_computation` (every `jax.jit`, `pjit`,
 `shard_map` and AOT lowering; called through the module attribute, by
-`pjit._resolve_and_lower`) and `pxla.ExecuteReplicated.__call__`. Checked
+`pjit._resolve_and_lower`) and `pxla.ExecuteReplicated.__call__` (every
+execution on jit's Python path, which also starts it with no fast-path
+verdict, `dispatch.new_execution`). Checked
 against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: either name. `HAS_READERS` then turns
@@ -39,6 +41,7 @@ from jax._src import core as _core
 from jax._src.interpreters import pxla as _pxla
 
 from jax_sharding_ext._edit import STATE, Edit
+from jax_sharding_ext._jax.dispatch import new_execution
 
 HOLD_BACK = 0.05
 """Seconds a waiting exclusive taker holds new shared takers back."""
@@ -159,6 +162,7 @@ def _needing_install(jaxpr: Any) -> Any:
 
 def _shared_if_effects(call: Any) -> Any:
   def __call__(self, *args):
+    new_execution()  # no fast-path verdict of an earlier call carries over
     # Executions without effects read no edited table: no lock.
     if not (self.ordered_effects or self.has_unordered_effects or self.has_host_callbacks):
       return call(self, *args)

@@ -144,6 +144,20 @@ def sharding_platform(sharding) -> str:
     return next(iter(sharding.device_set)).platform
 
 
+def addressable_devices(sharding, shape) -> tuple:
+  """The devices of this process a sharding places `shape` on, in its order
+  (the keys of `addressable_devices_indices_map(shape)`).
+
+  `Sharding._addressable_device_assignment` (present in jax 0.8 to 0.12) is
+  the same tuple, cached on the sharding: a transfer ledger's record reads it
+  without computing every shard's index.
+  """
+  try:
+    return sharding._addressable_device_assignment
+  except AttributeError:  # pragma: no cover - only if JAX renames it
+    return tuple(sharding.addressable_devices_indices_map(shape))
+
+
 def same_shard_placement(src_sharding, dst_sharding, shape) -> bool:
   """True when `_array_shard_arg` hands the buffers over without copying.
 

@@ -97,6 +97,7 @@ class _Pjit:
     self.cache: dict = {}
     self.from_gda_positions: dict = {}  # argument treedef -> leaf positions
     self.lock = threading.Lock()
+    self.last: tuple = (None, None)  # (mesh, its jax.jit) of the last call without static kwargs
     # What each call must do, decided once (the hot path reads two bools).
     self.check_args = spec.negative_nums is not None or spec.in_empty
     self.from_gda_everywhere = isinstance(spec.in_specs, FromGda) and not spec.static_pos
@@ -119,6 +120,9 @@ class _Pjit:
     elif spec.has_from_gda:
       self._check_from_gda(args)
     mesh = jax_config.context_mesh() if spec.needs_mesh else None
+    last_mesh, last_f = self.last  # a steady loop calls under one mesh
+    if last_mesh is mesh and not static_kw and last_f is not None:
+      return last_f, kwargs
     key = (mesh, static_kw)
     f = self.cache.get(key)
     if f is None:
@@ -129,6 +133,8 @@ class _Pjit:
         f = self.cache.setdefault(key, f)
         while len(self.cache) > _CACHE_SIZE:
           del self.cache[next(iter(self.cache))]  # the oldest
+    if not static_kw:
+      self.last = (mesh, f)
     return f, kwargs
 
   def _check_from_gda(self, args: tuple) -> None:
@@ -156,20 +162,26 @@ class _Pjit:
       resolve.check_from_gda(spec, args)  # the GDA-era error, naming the argument
       return
 
-  def run(self, method: str | None, args, kwargs):
-    """Call (`method=None`), `.lower` or `.trace` for these arguments."""
+  def run(self, method: str, args, kwargs):
+    """`.lower` or `.trace` for these arguments."""
     f, kwargs = self.prepare(args, kwargs)
     try:
-      return (f if method is None else getattr(f, method))(*args, **kwargs)
+      return getattr(f, method)(*args, **kwargs)
     except ValueError as e:
-      # jit checks committed arguments' shardings before running anything.
-      placed = resolve.place_eager_arrays(self.spec, self._mesh(), args)
-      if placed is not None:
-        return (f if method is None else getattr(f, method))(*placed, **kwargs)
-      better = resolve.explain(self.spec, self._mesh(), args)
-      if better is None:
-        raise
-      raise better from e
+      return self.retry(method, args, kwargs, f, e)
+
+  def retry(self, method: str | None, args, kwargs, f, error: ValueError):
+    """After jit refused the arguments (it checks committed arguments'
+    shardings before running anything): place eager arrays as their specs
+    say and call again, or raise the GDA-era error that explains `error`."""
+    call = f if method is None else getattr(f, method)
+    placed = resolve.place_eager_arrays(self.spec, self._mesh(), args)
+    if placed is not None:
+      return call(*placed, **kwargs)
+    better = resolve.explain(self.spec, self._mesh(), args)
+    if better is None:
+      raise error
+    raise better from error
 
 
 def _jit_kwargs(spec: PjitSpec, static_kw: tuple, in_res: Any, out_res: Any) -> dict:
@@ -286,7 +298,11 @@ def pjit(fun: Callable,
   @functools.wraps(fun)
   @jax_tracebacks.api_boundary
   def wrapped(*args, **kwargs):
-    return state.run(None, args, kwargs)
+    f, kwargs = state.prepare(args, kwargs)
+    try:
+      return f(*args, **kwargs)
+    except ValueError as e:
+      return state.retry(None, args, kwargs, f, e)
 
   def lower(*args, **kwargs):
     """Lower for these arguments (`jax.jit(...).lower`) under the context mesh."""

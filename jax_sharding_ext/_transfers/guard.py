@@ -115,7 +115,7 @@ class guarded:
 
   def __exit__(self, typ, value, tb) -> None:
     jax_transfer.restore_transfer_guards(self.saved)
-    if typ is None and ledger.open_count:
+    if typ is None and ledger.OPEN:
       for m in self.recorded:
         # The record keeps the call site; its text is built when first read.
         ledger.add(m.direction, m.explicit, m.nbytes, m.shape, m.dtype, m.src, m.dst,

@@ -13,8 +13,8 @@ Mechanism:
   thread that made the transfer (so an inner ledger's records are seen by the
   outer ledgers too). A ledger opened on one thread never sees another
   thread's transfers.
-* With no ledger open anywhere, a transfer pays one read of the module
-  global `open_count` per transfer and builds nothing.
+* With no ledger open anywhere, a transfer pays one truth test of the module
+  global `OPEN` per transfer and builds nothing.
 * A transfer the guard blocked, or that failed, records nothing.
 * A record keeps where the user's call is (file, line) as found on the
   stack, and turns it into text (`train.py:42`, `Cell In[3], line 5`) when
@@ -42,11 +42,17 @@ from jax_sharding_ext._public import public
 
 _DIRECTIONS = jax_transfer.TRANSFER_DIRECTIONS
 
-_lock = threading.Lock()
-open_count = 0
-"""Number of ledgers open on any thread; 0 means nothing needs recording."""
+OPEN: list[TransferLedger] = []
+"""Every ledger open on any thread (list appends and removals are atomic);
+empty means nothing needs recording."""
 
 _local = threading.local()
+
+
+def __getattr__(name: str) -> Any:
+  if name == "open_count":  # the number of ledgers open on any thread
+    return len(OPEN)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 site_text = jax_frames.site_text
@@ -129,11 +135,7 @@ class TransferLedger:
   """The records of the transfers made while this ledger was open.
 
   Create it with `jax_sharding_ext.transfer_ledger()` and open it with
-  `with`; it stays readable after the block. A ledger opens once.
-
-  Attributes:
-    records: every `TransferRecord` made while the ledger was open, in the
-      order made.
+  `with`; it stays readable after the block (`records`). A ledger opens once.
 
   Example:
     >>> mesh = Mesh(np.array(jax.devices()), ('x',))
@@ -147,39 +149,66 @@ class TransferLedger:
     [('device_to_host', False)]
   """
 
+  __slots__ = ("_records", "_pending", "_stack", "__weakref__")
+
   def __init__(self):
-    self.records: list[TransferRecord] = []
+    self._records: list[TransferRecord] = []
+    self._pending: list[list] = []  # transfers not yet read as records (`add`)
     self._stack: list[TransferLedger] | None = None
 
+  @property
+  def records(self) -> list[TransferRecord]:
+    """Every `TransferRecord` made while the ledger was open, in the order made.
+
+    Example:
+      >>> mesh = Mesh(np.array(jax.devices()), ('x',))
+      >>> with jse.transfer_ledger() as outer:
+      ...   with jse.transfer_ledger() as inner:
+      ...     gda = jse.GlobalDeviceArray.from_callback(
+      ...         (8,), mesh, P('x'), lambda index: np.zeros(8, np.float32)[index])
+      >>> [r.direction for r in inner.records]
+      ['host_to_device']
+      >>> outer.records[0] is inner.records[0]   # the outer ledger sees the same record
+      True
+    """
+    pending = self._pending
+    if pending:
+      self._pending = []
+      self._records.extend(map(_record, pending))
+    return self._records
+
   def __enter__(self) -> TransferLedger:
-    global open_count
     if self._stack is not None:
       raise RuntimeError("This transfer ledger is already open; create a new one with "
                          "`jax_sharding_ext.transfer_ledger()`.")
     stack = _thread_stack()
     stack.append(self)
     self._stack = stack
-    with _lock:
-      open_count += 1
+    OPEN.append(self)
     return self
 
   def __getstate__(self) -> dict:
     # A pickled ledger is a closed one with the same records (the stack of
     # open ledgers belongs to the thread that opened it).
-    return {"records": self.records, "_stack": None}
+    return {"_records": self.records, "_pending": [], "_stack": None}
+
+  def __setstate__(self, state: dict) -> None:
+    # (a ledger pickled by an earlier release stored `records`)
+    self._records = state.get("_records", state.get("records", []))
+    self._pending, self._stack = [], None
 
   def __exit__(self, *exc) -> None:
-    global open_count
     stack, self._stack = self._stack, None
     if stack is None:
       return
-    # Normally the top of the stack; tolerate out-of-order exits.
-    for i in range(len(stack) - 1, -1, -1):
-      if stack[i] is self:
-        del stack[i]
-        break
-    with _lock:
-      open_count -= 1
+    if stack[-1] is self:
+      stack.pop()
+    else:  # tolerate out-of-order exits
+      for i in range(len(stack) - 1, -1, -1):
+        if stack[i] is self:
+          del stack[i]
+          break
+    OPEN.remove(self)
 
   def totals(self) -> dict[str, tuple[int, int]]:
     """Return `{direction: (count, nbytes)}` over `records`.
@@ -318,21 +347,42 @@ def open_ledgers() -> list[TransferLedger]:
 
 _new = object.__new__
 _set = object.__setattr__
+_FIELDS = ("direction", "explicit", "nbytes", "shape", "dtype", "src", "dst", "site")
 
 
 def add(direction: str, explicit: bool, nbytes: int, shape: tuple[int, ...], dtype: np.dtype,
-        src: tuple[Any, ...], dst: tuple[Any, ...], site: CallSite | None) -> None:
-  """Append one `TransferRecord` to every ledger open on this thread.
+        src: Any, dst: Any, site: CallSite | None) -> None:
+  """Record one transfer in every ledger open on this thread.
 
-  Builds the record as the frozen dataclass's `__init__` would (same
-  `__dict__`), without its eight frozen attribute sets: a third of the cost.
+  `src` and `dst` are tuples of devices, or a `Sharding` whose addressable
+  devices (for `shape`) they are. The record is built when a ledger's
+  `records` is first read after it (`_record`): a transfer only appends one
+  list, shared by the ledgers, so that nested ledgers read the same
+  `TransferRecord` object.
   """
+  stack = getattr(_local, "stack", None)
+  if not stack:
+    return
+  entry = [direction, explicit, nbytes, shape, dtype, src, dst, site]
+  for ledger in stack:
+    ledger._pending.append(entry)
+
+
+def _record(entry: list) -> TransferRecord:
+  """The `TransferRecord` of an `add` entry (built once; the entry keeps it).
+
+  Built as the frozen dataclass's `__init__` would (same `__dict__`), without
+  its eight frozen attribute sets.
+  """
+  if len(entry) > len(_FIELDS):
+    return entry[-1]
+  for i in (5, 6):  # src, dst
+    if type(entry[i]) is not tuple:
+      entry[i] = jax_transfer.addressable_devices(entry[i], entry[3])
   record = _new(TransferRecord)
-  _set(record, "__dict__", {"direction": direction, "explicit": explicit, "nbytes": nbytes,
-                            "shape": shape, "dtype": dtype, "src": src, "dst": dst,
-                            "site": site})
-  for ledger in open_ledgers():
-    ledger.records.append(record)
+  _set(record, "__dict__", dict(zip(_FIELDS, entry, strict=True)))
+  entry.append(record)
+  return record
 
 
 def _format_bytes(n: int) -> str:

@@ -72,7 +72,7 @@ def place_host_shards(shape, dtype, sharding, values: Sequence[Any], devices: Se
     d2d = [i for i, v in enumerate(values)
            if isinstance(v, jax.Array) and not _already_on(v, devices[i])]
     spread = any(isinstance(v, jax.Array) and v.sharding.num_devices > 1 for v in values)
-  recording = ledger.open_count
+  recording = ledger.OPEN
   levels = []
   for direction, idx in ((H2D, h2d), (D2D, d2d)):
     if idx:
@@ -127,7 +127,7 @@ def shard_arrays(arrays, shardings, layouts, copy_semantics):
   level, explicit = jax_transfer.transfer_guard_query(D2D, "explicit_device_put")
   act = action(level, explicit)
   moves, recorded = [], []
-  if act != "allow" or ledger.open_count:
+  if act != "allow" or ledger.OPEN:
     for i in moving:
       a, s = arrays[i], shardings[i]
       dst = tuple(s.addressable_devices_indices_map(a.shape))
@@ -144,7 +144,7 @@ def across_processes(arr, sharding) -> Move | None:
   """The explicit device_to_device reshard of `arr` onto `sharding` where one
   of them spans other processes, as this process sees it (its devices' bytes);
   None when no ledger is open."""
-  if not ledger.open_count:
+  if not ledger.OPEN:
     return None
   dst = tuple(sharding.addressable_devices_indices_map(arr.shape))
   nbytes = math.prod(sharding.shard_shape(arr.shape)) * arr.dtype.itemsize * len(dst)
@@ -154,7 +154,7 @@ def across_processes(arr, sharding) -> Move | None:
 def record(done: Sequence[Move | None]) -> None:
   """Record moves that stock made (and judged) in the open transfer ledgers."""
   for m in done:
-    if m is not None and ledger.open_count:
+    if m is not None and ledger.OPEN:
       ledger.add(m.direction, m.explicit, m.nbytes, m.shape, m.dtype, m.src, m.dst, m.site())
 
 
@@ -232,9 +232,10 @@ def _fetch(gda, arr, move):
     act = "allow"  # stock's CPU rule
   if level == "allow":  # the usual case: nothing to judge or log
     out = move()
-    if ledger.open_count:  # only the ledger needs to know
-      ledger.add(D2H, explicit, gda.nbytes, arr.shape, arr.dtype, _devices_of(arr), (),
-                 jax_frames.user_call_site())
+    if ledger.OPEN:  # only the ledger needs to know
+      aval = arr.aval  # (the C++ property `shape` and `dtype` read in Python)
+      ledger.add(D2H, explicit, math.prod(aval.shape) * aval.dtype.itemsize, aval.shape,
+                 aval.dtype, jax_tables.sharding_of(arr), (), jax_frames.user_call_site())
   else:
     # Judged here, so jaxlib must not judge it again: on "log" it would log a
     # second line.
@@ -264,4 +265,4 @@ def _already_on(v, device) -> bool:
 
 
 def _devices_of(v) -> tuple:
-  return tuple(v.sharding.addressable_devices_indices_map(v.shape))
+  return jax_transfer.addressable_devices(v.sharding, v.shape)
