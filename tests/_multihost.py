@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _jax_warnings import STOCK_WARNINGS_IGNORED
+
 PORT_IN_USE_EXIT = 75  # EX_TEMPFAIL: process 0 could not bind the coordinator port
 _BIND_FAILED = "Failed to add port to server"  # gRPC's log line
 REPO = Path(__file__).resolve().parent.parent
@@ -81,12 +83,6 @@ class Run:
       parts.append(f"[process={i}] returncode={rc}\n--- stdout ---\n{out}\n"
                    f"--- stderr ---\n{err[-6000:]}")
     return "\n".join(parts)
-
-
-# Warnings JAX raises from its own code about its own names (pyproject's
-# filterwarnings has them too): JAX 0.8.x's multihost_utils reads its
-# deprecated `jax.sharding.PmapSharding`.
-STOCK_WARNINGS_IGNORED = ("-W", "ignore:jax.sharding.PmapSharding is deprecated:DeprecationWarning")
 
 
 RELEASE_ENV = "JSE_TEST_OTHERS_EXITED"
