@@ -20,10 +20,12 @@ PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | hea
 VENV312 ?= .venv312
 
 # The oldest supported JAX (the whole suite runs on it, as on 0.10.2 and
-# 0.12.x), and every other supported minor release before 0.10 (its newest
-# patch: import, quickstart and the fuzzers' CI budget).
+# 0.12.x), and every other supported minor release (its newest patch: import,
+# quickstart and the fuzzers' CI budget), on Python 3.11 and, from JAX 0.11
+# on, Python 3.12.
 JAX_OLDEST ?= 0.8.3
 JAX_MINORS ?= 0.9.2
+JAX_MINORS_312 ?= 0.11.2
 VENV_OLDEST := .venv-jax$(JAX_OLDEST)
 # The interpreters the cross-release checkpoint test writes and reads with
 # (tests/test_cross_release.py); under make test each must exist.
@@ -103,6 +105,12 @@ test-jax-minors:
 	  echo "== Import, quickstart and fuzzers on JAX $$v in .venv-jax$$v"; \
 	  $(MAKE) --no-print-directory test-minor JAX=$$v || exit 1; \
 	done
+	@if [ -z "$(PYTHON312)" ]; then \
+	  echo "NOTE: Python 3.12 not found, so JAX $(JAX_MINORS_312) was NOT tested."; \
+	else for v in $(JAX_MINORS_312); do \
+	  echo "== Import, quickstart and fuzzers on JAX $$v in .venv-jax$$v (Python 3.12)"; \
+	  $(MAKE) --no-print-directory test-minor JAX=$$v PYTHON="$(PYTHON312)" || exit 1; \
+	done; fi
 
 # mypy and the whole suite in one venv (VENV, or JAX=...).
 test-suite: install
