@@ -33,8 +33,8 @@ first when JAX changes):
   (imported only by `serialization` and `_checkpoint/`: tensorstore is optional).
 - `tracebacks`: JAX's traceback filtering (API boundaries, excluded paths).
 
-Supported: JAX 0.8.x and 0.9.x (Python 3.11), 0.10.x (Python 3.11) and
-0.12.x (Python 3.12); tested on 0.8.3, 0.9.2, 0.10.2 and 0.12.x. A difference
+Supported: JAX 0.8.x to 0.10.x (Python 3.11 and newer), 0.11.x and 0.12.x
+(Python 3.12 and newer); tested on 0.8.3, 0.9.2, 0.10.2, 0.11.2 and 0.12.x. A difference
 between releases is handled next to the code it selects, by a version check
 (`JAX_VERSION`) or feature detection, with a comment naming the release.
 """
