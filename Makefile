@@ -72,15 +72,24 @@ wheel-check: install
 # The README's test command and CI: lint, then the whole suite on the oldest
 # supported JAX (Python 3.11 + JAX 0.8.3), on Python 3.11 + JAX 0.10.2 and on
 # Python 3.12 + JAX 0.12.x; import, quickstart and the fuzzers on every other
-# supported minor (JAX 0.9.2); the wheel and the documentation build. Every
-# venv is made first: the cross-release checkpoint test needs the others.
-test: test-venvs test-default test-jax012 test-jax-oldest test-jax-minors wheel-check docs
+# supported minor (JAX 0.9.2, 0.11.2); the wheel and the documentation build.
+# Every venv is made first (the cross-release checkpoint test needs the
+# others); then the runs share the machine, TEST_JOBS at a time (a suite
+# keeps about half a core busy: much of it waits for worker processes,
+# kernels and subprocesses), each run's output printed whole when it ends.
+TEST_JOBS ?= 6
+test: test-venvs chromium
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=recurse \
+	  test-default test-jax012 test-jax-oldest test-jax-minors wheel-check docs
 
 test-venvs:
 	$(MAKE) --no-print-directory install
 	$(MAKE) --no-print-directory install JAX=$(JAX_OLDEST)
+	@for v in $(JAX_MINORS); do $(MAKE) --no-print-directory install JAX=$$v || exit 1; done
 	@if [ -n "$(PYTHON312)" ]; then \
-	  $(MAKE) --no-print-directory install PYTHON="$(PYTHON312)" VENV=$(VENV312); fi
+	  $(MAKE) --no-print-directory install PYTHON="$(PYTHON312)" VENV=$(VENV312) && \
+	  for v in $(JAX_MINORS_312); do \
+	    $(MAKE) --no-print-directory install JAX=$$v PYTHON="$(PYTHON312)" || exit 1; done; fi
 
 test-default: install chromium
 	$(BIN)/python -m ruff check .
