@@ -6,16 +6,55 @@ interleaved:
 
 - a 1 MB GDA-era file (a 2022-style training script, repeated as functions):
   checked, and rewritten with `--write` (a fresh copy each time);
-- a 1 MB file without `jax` in it, checked;
-- a 1 MB file that mentions `jax` only in a comment (so it is parsed and
-  walked in full), checked;
+- a 1 MB file without `jax` in it, checked (skipped unread past a byte search);
+- a 1 MB file that mentions `jax` only in a comment, checked (it spells none
+  of the words a finding needs, so it is skipped unparsed);
+- a 1 MB file that imports `jax` and names nothing GDA-era, checked (parsed,
+  walked and judged in full: the cost of a large file with nothing to port);
 - the bare startup (`--codes`), the floor of every variant.
 
-Targets: the GDA-era file in at most 10 s (`--write` included), the file
-without `jax` in at most 2 s; peak memory is printed (one file is held at a
-time, so it does not grow with the number of files).
+Targets: `--write` of the GDA-era file in at most 3 s (aim: 1 s, of which
+the startup, JAX's import, is most), checking it in at most 2 s, and each
+file with nothing to port in at most 2 s; peak memory is printed (one file
+is held at a time, so it does not grow with the number of files).
 
-Run: `.venv/bin/python benchmarks/bench_port.py [--runs 5]`
+Where the time goes (`--write` of the 1 MB GDA-era file, CPU seconds per
+phase of one process, on a shared 2-core machine under load; the same
+machine and load for both columns, so compare them, not the totals with the
+wall times of the results):
+
+| phase                                            | before | after |
+|--------------------------------------------------|-------:|------:|
+| startup: import JAX, the package, libcst         |   1.10 |  1.10 |
+| round 1: parse (`ast`)                           |   0.30 |  0.30 |
+| round 1: scope walk                              |   0.30 |  0.17 |
+| round 1: rules (the `with` rule's flow included) |   0.41 |  0.35 |
+| round 1: findings, edits (libcst), splice        |   0.10 |  0.12 |
+| round 2: parse (the rewrite must compile)        |   0.27 |  0.24 |
+| round 2: scope walk and rules                    |   0.64 |     - |
+| Python's cycle collector                         |   3.28 |  0.00 |
+| total                                            |   6.40 |  2.28 |
+
+The flow analysis of the `with` rule was not the cost: on this file it is
+under a tenth of the rules. Python's cycle collector was: it ran every few
+hundred allocations and walked the whole `ast` of the module (and the
+analysis's tables) each time a generation filled, more than half of the run.
+The command line now freezes what startup made, pauses the collector while
+it handles a file and collects once after it. The scope walk skips nodes no
+rule reads (contexts, operators, constants) and follows attribute chains in
+one loop; a use or call whose root no import binds is not judged, a JAX name
+no rule renames or reports is asked once per name, not once per use, and
+bindings are looked up once per scope. A round whose findings were all
+fixed is not analyzed again (it is still parsed, so a rewrite that does not
+compile is refused). A file that spells none of the words a finding needs
+(an import, `device`, `mesh`, a removed array attribute) is not parsed.
+
+The phases were timed in one process each (CPU time per phase, the
+collector's by `gc.callbacks`; after, its one collection per file takes
+about 3 ms), the code before and after run alternately (a second pair of
+runs under twice the load gave 6.9-7.0 s before, 2.7-2.8 s after);
+the variants below time the whole command, wall clock. Run:
+`.venv/bin/python benchmarks/bench_port.py [--runs 5]`
 """
 
 from __future__ import annotations
@@ -65,6 +104,12 @@ def f_{i}(a, b):
 
 '''
 MB = 1 << 20
+_WRITE = "1 MB GDA-era file, --write"
+_IMPORTS = "1 MB file importing jax, nothing GDA-era, check"
+# (variant, the most seconds it may take): --write of a 1 MB GDA-era file in
+# 3 s (aim 1 s), checking it in 2 s, a file with nothing to port in 2 s.
+_LIMITS = ((_WRITE, 3.0), ("1 MB GDA-era file, check", 2.0),
+           ("1 MB file without jax, check", 2.0), (_IMPORTS, 2.0))
 
 
 def _fill(head: str, template: str, size: int = MB) -> str:
@@ -102,6 +147,9 @@ def run(runs: int = 5) -> list[dict]:
     comment = os.path.join(tmp, "comment.py")
     with open(comment, "w") as f:
       f.write(_fill("# not about jax\n", _PLAIN))
+    imports = os.path.join(tmp, "imports_jax.py")
+    with open(imports, "w") as f:
+      f.write(_fill("import jax\n", _PLAIN))
     copy = os.path.join(tmp, "gda_era_copy.py")
 
     def write():
@@ -114,6 +162,7 @@ def run(runs: int = 5) -> list[dict]:
         "1 MB GDA-era file, --write": write,
         "1 MB file without jax, check": lambda: _timed([plain]),
         "1 MB file, jax only in a comment, check": lambda: _timed([comment]),
+        _IMPORTS: lambda: _timed([imports]),
     }
     sizes = {k: os.path.getsize(p) for k, p in (("GDA-era", gda), ("no jax", plain))}
     print(f"\nporting assistant: {runs} interleaved fresh processes per variant; "
@@ -139,11 +188,9 @@ def run(runs: int = 5) -> list[dict]:
                  "base": base})
     rows.append({"benchmark": "porting assistant, peak memory", "variant": k,
                  "median": peak, "unit": "MiB", "ratio": 1.0, "base": k})
-  for what, k, limit in (("GDA-era, --write", "1 MB GDA-era file, --write", 10.0),
-                         ("GDA-era, check", "1 MB GDA-era file, check", 10.0),
-                         ("without jax", "1 MB file without jax, check", 2.0)):
-    print(f"  {what}: {medians[k]:.2f} s (target <= {limit:.0f} s: "
-          f"{'ok' if medians[k] <= limit else 'MISSED'})")
+  for variant, limit in _LIMITS:
+    print(f"  {variant}: {medians[variant]:.2f} s (target <= {limit:.0f} s: "
+          f"{'ok' if medians[variant] <= limit else 'MISSED'})")
   return rows
 
 
@@ -157,11 +204,10 @@ def main() -> None:
 
 def targets() -> list[Target]:
   title = "porting assistant, 1 MB files"
-  out = [at_most(f"porting assistant, {variant} (fresh process)",
+  out = [at_most(f"porting assistant, {variant} (fresh process)"
+                 + (" (aim: 1 s)" if variant == _WRITE else ""),
                  lambda r, v=variant: r.median(title, v), limit, "{:.2f} s")
-         for variant, limit in (("1 MB GDA-era file, --write", 10),
-                                ("1 MB GDA-era file, check", 10),
-                                ("1 MB file without jax, check", 2))]
+         for variant, limit in _LIMITS]
   out.append(Target("porting assistant, peak memory on a 1 MB GDA-era file, --write "
                     "(reference)", "-",
                     lambda r: r.median("porting assistant, peak memory",

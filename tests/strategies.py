@@ -1000,8 +1000,9 @@ def checkpoint_calls(draw) -> CheckpointCall:
 
 # ---------------------------------------------------------------------------
 # Porting (`test_fuzz_port.py`): GDA-era modules and notebooks for the porting
-# assistant, with which `with` items surely see a `Mesh` and which lines no
-# rule touches.
+# assistant, with which `with` items surely see a `Mesh`, which may see one
+# made outside the files of the run, which lines no rule touches, which
+# imports the rewrite leaves unused, and in which folder the code lives.
 # ---------------------------------------------------------------------------
 
 _PORT_MESH_IMPORTS = (  # (import line, how it spells the Mesh class)
@@ -1018,6 +1019,8 @@ _PORT_MESHES = ("{mesh}(np.asarray(jax.devices()), ('x',))",
                 "jax.make_mesh((len(jax.devices()),), ('x',))", "make_mesh()")
 _PORT_OTHERS = ("contextlib.nullcontext()", "threading.Lock()", "None", "maybe_mesh(flag)",
                 "flag", "open(__file__)")
+# Made by functions the files of the run do not define, named like mesh makers.
+_PORT_OUTSIDE = ("get_mesh()", "partitioning.create_mesh(flag)", "partitioning.makeMesh()")
 _PORT_KEEP = ("# caf\u00e9 \u2014 a comment\tthat stays", "", "s = 'a\\tb  \\u00e9'  ",
               "t = (1,\n     2)", "def helper(x):\n  return x  # stays", "u = r'\\d+'")
 _PORT_CONSTRUCTS = (
@@ -1025,7 +1028,18 @@ _PORT_CONSTRUCTS = (
     "y = jax.tree_util.tree_multimap(lambda a, b: a,\n                                [1], [2])",
     "def init(key: jax.random.KeyArray) -> 'jax.random.KeyArray':\n  return key",
     "def shape_of(v):\n  return jax.ShapedArray(v.shape, v.dtype)",
+    # A rename that makes the module's longest line longer still.
+    "zs = jax.tree_map(lambda leaf: leaf * 2.0, {'weights': weights, 'bias': bias, "
+    "'scale': scale, 'offset': offset})",
 )
+# Uses of an import that the rewrite replaces whole, leaving it unused.
+_PORT_PJIT_USE = "f = {p}.pjit(lambda v: v, in_axis_resources={p}.FROM_GDA, out_axis_resources=None)"
+_PORT_MHU_USE = "total = jax.experimental.multihost_utils.process_allgather(np.zeros(3))"
+_PORT_ORBAX = ("def restore(m, axes):\n  import orbax.checkpoint as ocp\n"
+               "  return ocp.ArrayRestoreArgs(mesh=m, mesh_axes=axes)")
+PORT_FOLDERS = ("orbax", "notebooks", "third_party/orbax/checkpoint")
+"""Where the module lives: a user's folder named `orbax`, another folder, and a
+copy of orbax (its `checkpoint` package), which alone is not today's orbax."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1034,56 +1048,92 @@ class PortSnippet:
   `(kind, text)`: a "keep" chunk holds nothing GDA-era and comes back byte
   for byte; the others hold what the assistant judges. `meshes` / `others`:
   the names a `with` enters whose every value is a `Mesh` / some value is
-  not. `newline` is the module's line ending; with `notebook`, each chunk is
-  a code cell."""
+  not; `outside`: those of `others` that a function outside the files of the
+  run may have made (reported). `unused`: import lines nothing uses, which
+  stay. `folder` (one of `PORT_FOLDERS`, or None for no file) is where the
+  module is written. `newline` is the module's line ending; with `notebook`,
+  each chunk is a code cell."""
 
   parts: tuple[tuple[str, str], ...]
   meshes: tuple[str, ...]
   others: tuple[str, ...]
   newline: str = "\n"
   notebook: bool = False
+  outside: tuple[str, ...] = ()
+  unused: tuple[str, ...] = ()
+  folder: str | None = None
 
   def text(self) -> str:
     return self.newline.join(t.replace("\n", self.newline) for _, t in self.parts) + self.newline
 
+  @property
+  def restores_with_orbax(self) -> bool:
+    return any(kind == "orbax" for kind, _ in self.parts)
+
+
+def _port_with(draw, k: int, mesh: str) -> tuple[str, str]:
+  """A function entering `m{k}`, made on one or more paths; (its text, which
+  of "mesh" / "outside" / "other" the values make it)."""
+  shape = draw(st.sampled_from(("straight", "branches", "ifexp", "loop", "try")))
+  count = 1 if shape == "straight" else 2
+  values = draw(st.lists(st.one_of(st.sampled_from(_PORT_MESHES).map(lambda v: ("mesh", v)),
+                                   st.sampled_from(_PORT_OTHERS).map(lambda v: ("other", v)),
+                                   st.sampled_from(_PORT_OUTSIDE).map(lambda v: ("outside", v))),
+                         min_size=count, max_size=count))
+  a, b = (v.format(mesh=mesh) for _, v in (values * 2)[:2])
+  name = f"m{k}"
+  assign = {"straight": f"  {name} = {a}",
+            "branches": f"  if flag:\n    {name} = {a}\n  else:\n    {name} = {b}",
+            "ifexp": f"  {name} = {a} if flag else {b}",
+            "loop": f"  {name} = {a}\n  for _ in items:\n    {name} = {b}",
+            "try": f"  try:\n    {name} = {a}\n  except ValueError:\n    {name} = {b}"}[shape]
+  kinds = {kind for kind, _ in values}
+  kind = "mesh" if kinds == {"mesh"} else "outside" if "outside" in kinds else "other"
+  return f"def run{k}(flag, items):\n{assign}\n  with {name}:\n    pass", kind
+
 
 @st.composite
 def port_snippets(draw) -> PortSnippet:
-  """A module: imports (aliased, some of removed names nothing uses), helper
-  functions returning a `Mesh` (or maybe None), functions entering values
-  made on one or more paths (straight, both branches of an `if`, an `if`
-  expression, a loop, a `try`), renames whose call spans lines, annotations
-  of removed classes, and lines no rule touches, shuffled."""
+  """A module: imports (aliased, some of removed names nothing uses, some a
+  rewrite leaves unused, some the user's own unused), helper functions
+  returning a `Mesh` (or maybe None), functions entering values made on one
+  or more paths (straight, both branches of an `if`, an `if` expression, a
+  loop, a `try`) by a `Mesh`, by something else, or by a function outside
+  the files of the run, renames whose call spans lines or makes the longest
+  line longer, annotations of removed classes, orbax restore code, and lines
+  no rule touches, shuffled; written in a folder or not."""
   alias = draw(st.sampled_from(("maps", "M", "mesh_lib", "legacy")))
   line, spelled = draw(st.sampled_from(_PORT_MESH_IMPORTS))
   mesh = spelled.format(a=alias)
+  pjit = draw(st.sampled_from(("pjit", "pjit_lib", "pj")))
   head = ["import contextlib\nimport threading\nimport numpy as np\nimport jax",
-          line.format(a=alias)]
+          line.format(a=alias), "from myproject import partitioning",
+          "from myproject.meshes import get_mesh", f"from jax.experimental import pjit as {pjit}",
+          "import jax.experimental.multihost_utils"]
   head += [u.format(a=alias) for u in draw(st.lists(st.sampled_from(_PORT_UNUSED),
                                                        max_size=2, unique=True))]
   parts: list[tuple[str, str]] = [("head", "\n".join(head))]
   parts.append(("helpers", f"def make_mesh():\n  return {mesh}(np.asarray(jax.devices()), "
                 f"('x',))\ndef maybe_mesh(flag):\n  if flag:\n    return make_mesh()"))
   body: list[tuple[str, str]] = []
-  meshes, others = [], []
+  found: dict[str, list[str]] = {"mesh": [], "other": [], "outside": []}
   for k in range(draw(st.integers(1, 4))):
-    shape = draw(st.sampled_from(("straight", "branches", "ifexp", "loop", "try")))
-    count = 1 if shape == "straight" else 2
-    values = draw(st.lists(st.one_of(st.sampled_from(_PORT_MESHES).map(lambda v: (True, v)),
-                                     st.sampled_from(_PORT_OTHERS).map(lambda v: (False, v))),
-                           min_size=count, max_size=count))
-    a, b = (v.format(mesh=mesh) for _, v in (values * 2)[:2])
-    name = f"m{k}"
-    assign = {"straight": f"  {name} = {a}",
-              "branches": f"  if flag:\n    {name} = {a}\n  else:\n    {name} = {b}",
-              "ifexp": f"  {name} = {a} if flag else {b}",
-              "loop": f"  {name} = {a}\n  for _ in items:\n    {name} = {b}",
-              "try": f"  try:\n    {name} = {a}\n  except ValueError:\n    {name} = {b}"}[shape]
-    body.append(("with", f"def run{k}(flag, items):\n{assign}\n  with {name}:\n    pass"))
-    (meshes if all(ok for ok, _ in values) else others).append(name)
+    text, kind = _port_with(draw, k, mesh)
+    body.append(("with", text))
+    found[kind].append(f"m{k}")
+  unused = []
+  for use, imported in ((_PORT_PJIT_USE.format(p=pjit), head[4]), (_PORT_MHU_USE, head[5])):
+    if draw(st.booleans()):
+      body.append(("construct", use))
+    else:
+      unused.append(imported)
   body += [("construct", c) for c in draw(st.lists(st.sampled_from(_PORT_CONSTRUCTS),
                                                      max_size=3, unique=True))]
+  if draw(st.booleans()):
+    body.append(("orbax", _PORT_ORBAX))
   body += [("keep", c) for c in draw(st.lists(st.sampled_from(_PORT_KEEP), max_size=4))]
   parts += draw(st.permutations(body))
-  return PortSnippet(tuple(parts), tuple(meshes), tuple(others),
-                     draw(st.sampled_from(("\n", "\r\n"))), draw(st.booleans()))
+  return PortSnippet(tuple(parts), tuple(found["mesh"]), (*found["other"], *found["outside"]),
+                     draw(st.sampled_from(("\n", "\r\n"))), draw(st.booleans()),
+                     outside=tuple(found["outside"]), unused=tuple(unused),
+                     folder=draw(st.sampled_from((None, *PORT_FOLDERS))))

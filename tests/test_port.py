@@ -52,7 +52,7 @@ if jax.config.jax_array:
 total = jax.experimental.multihost_utils.process_allgather(out)
 sizes = jax.tree_map(np.size, total)
 """
-TRAIN_FINDINGS = [("JSE104", 4), ("JSE104", 5), ("JSE103", 6), ("JSE103", 6), ("JSE101", 7),
+TRAIN_FINDINGS = [("JSE110", 2), ("JSE104", 4), ("JSE104", 5), ("JSE103", 6), ("JSE103", 6), ("JSE101", 7),
                   ("JSE204", 13), ("JSE201", 15), ("JSE203", 17), ("JSE301", 18)]
 
 
@@ -119,12 +119,13 @@ def test_script_findings_write_diff_and_run(cli, tmp_path, mesh_2d):
   assert status == 1 and found == TRAIN_FINDINGS, out
   assert all(line.startswith(f"{path}:") for line in out.splitlines())
   assert all(line.endswith("(--write fixes this)") for line in out.splitlines())
-  assert "9 findings (9 fixable with --write) in 1 file" in err
+  assert "10 findings (10 fixable with --write) in 1 file" in err
 
   status, _, out, err = cli("--diff", path)
   assert status == 1 and path.read_text() == TRAIN and "nothing written" in err
   changed = [ln for ln in out.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
   assert changed == [
+      "-import jax.experimental.multihost_utils",
       "+import jax_sharding_ext",
       "-from jax.experimental import PartitionSpec as P  # the spec class",
       "-from jax.experimental.maps import Mesh",
@@ -144,7 +145,7 @@ def test_script_findings_write_diff_and_run(cli, tmp_path, mesh_2d):
 
   status, found, _, err = cli("--write", path)
   fixed = path.read_text()
-  assert (status, found) == (0, []) and "fixed 9 findings in 1 file; 0 findings left" in err
+  assert (status, found) == (0, []) and "fixed 10 findings in 1 file; 0 findings left" in err
   assert_port_invariants(TRAIN, str(path))
   status, _, _, err = cli("--write", path)  # idempotent
   assert path.read_text() == fixed and "fixed 0 findings in 0 files" in err
@@ -175,7 +176,7 @@ CASES = {
         "from jax.experimental import pjit as pjit_lib\n"
         "f = pjit_lib.pjit(g, in_axis_resources=pjit_lib.FROM_GDA)\n"
         "def h(pjit_lib):\n  return pjit_lib.FROM_GDA\n",
-        [("JSE305", 2), ("JSE306", 2)]),
+        [("JSE110", 1), ("JSE305", 2), ("JSE306", 2)]),
     "mesh and spec": ("from jax.experimental.maps import Mesh\nfrom jax.experimental import "
                       "PartitionSpec as P\nfrom jax.interpreters.pxla import Mesh as M2, "
                       "PartitionSpec as P2\nfrom jax.experimental.pjit import PartitionSpec\n",
@@ -242,7 +243,7 @@ CASES = {
         "m = maps.Mesh(d, ('x',))\ns = sharding.MeshPspecSharding(m, jax.experimental.PartitionSpec())\n"
         "f = pjit.pjit(g, in_axis_resources=pjit.FROM_GDA, out_axis_resources=pjit.PartitionSpec())\n"
         "y = pjit.with_sharding_constraint(x, axis_resources=pjit.PartitionSpec('x'))\n",
-        [("JSE307", 2), ("JSE307", 2), ("JSE306", 3), ("JSE307", 4), ("JSE306", 4),
+        [("JSE307", 2), ("JSE307", 2), ("JSE110", 2), ("JSE306", 3), ("JSE307", 4), ("JSE306", 4),
          ("JSE305", 5), ("JSE306", 5), ("JSE306", 5), ("JSE306", 6), ("JSE310", 6),
          ("JSE306", 6)]),
     "names the installed JAX lacks": (
@@ -286,7 +287,7 @@ CASES = {
     "thread_resources": ("import jax\njax.experimental.maps.thread_resources.env.physical_mesh\n"
                          "from jax.interpreters import pxla\n"
                          "pxla.thread_resources.env.physical_mesh.empty\n",
-                         [("JSE308", 2), ("JSE308", 4)]),
+                         [("JSE308", 2), ("JSE110", 3), ("JSE308", 4)]),
     "modern code": ("import jax\nfrom jax.sharding import Mesh, PartitionSpec as P\n"
                     "from jax.experimental import multihost_utils as _unused_if_ported, mesh_utils\n"
                     "with jax.set_mesh(Mesh(d, ('x',))):\n  y = jax.jit(f)(x)\n",
@@ -491,6 +492,48 @@ def test_usage_errors_exit_2(cli):
   assert cli("--write", "--diff", "x.py")[0] == 2
 
 
+def test_help_gives_exit_statuses_examples_and_the_version(cli, tmp_path, monkeypatch):
+  """`--help` says what each exit status means and shows commands that work as
+  written; `--version` / `-V` print the tool's version with JAX's and libcst's."""
+  status, _, out, _ = cli("--help")
+  assert status == 0
+  statuses = out[out.index("exit status:"):]
+  for code in ("0", "1", "2"):
+    assert re.search(rf"^  {code}  \S", statuses, re.M), statuses
+  examples = re.findall(r"^  jax-sharding-ext-port (.+)$", out, re.M)
+  assert len(examples) >= 4 and all(len(line) <= 80 for line in out.splitlines()), out
+  monkeypatch.chdir(tmp_path)
+  for name in ("src", "notebooks"):
+    (tmp_path / name).mkdir()
+  (tmp_path / "src" / "a.py").write_text(MAPS)
+  (tmp_path / "train.py").write_text("import jax\nx = jax.tree_map(abs, [1])\n")
+  for example in examples:
+    if "<" not in example:  # the stdin one: `test_stdin`
+      assert cli(*example.split())[0] in (0, 1), example
+  assert (tmp_path / "train.py").read_text() == "import jax\nx = jax.tree_util.tree_map(abs, [1])\n"
+  for flag in ("--version", "-V"):
+    status, _, out, _ = cli(flag)
+    assert status == 0 and re.fullmatch(
+        rf"jax-sharding-ext-port {re.escape(jax_sharding_ext.__version__)} \(JAX "
+        rf"{re.escape(jax.__version__)}, libcst [\d.]+\)\n", out), out
+
+
+def test_main_leaves_the_cycle_collector_as_it_was(cli, tmp_path):
+  """The command line pauses Python's cycle collector while it handles a file
+  and freezes what existed before; called from Python, it restores both."""
+  import gc
+  (tmp_path / "a.py").write_text(MAPS)
+  assert gc.isenabled() and gc.get_freeze_count() == 0
+  assert cli("--write", tmp_path)[0] == 0
+  assert gc.isenabled() and gc.get_freeze_count() == 0
+  gc.disable()
+  try:
+    cli(tmp_path)
+    assert not gc.isenabled()
+  finally:
+    gc.enable()
+
+
 def test_diff_writes_nothing_and_write_applies_it(cli, tmp_path):
   path = tmp_path / "a.py"
   path.write_text("import jax\nfrom jax.experimental.maps import Mesh\njax.tree_map(f, x)\n")
@@ -535,6 +578,30 @@ def test_files_without_jax_are_not_parsed(cli, tmp_path):
   path = tmp_path / "a.py"
   path.write_text("x = (\n")  # would not parse; it cannot use JAX either
   assert cli(path)[0] == 0
+
+
+def _without_imports(source):
+  return "".join(line for line in source.splitlines(keepends=True)
+                 if not re.match(r"\s*(from|import) ", line))
+
+
+@pytest.mark.parametrize("source", [
+    *(CASES[case][0] for case in sorted(CASES)), TRAIN,
+    *(_without_imports(CASES[case][0]) for case in sorted(CASES)), _without_imports(TRAIN),
+    "# jax\ndef f(x):\n  return x.shape  # no rule judges this\n",
+])
+def test_a_module_no_rule_can_judge_is_not_parsed(source):
+  """`could_find` says a module cannot have a finding only where none is found:
+  the command line then skips it unparsed."""
+  from jax_sharding_ext.port import _engine
+  assert _engine.could_find(source) or port.check(source) == []
+
+
+def test_a_file_that_names_nothing_gda_era_is_skipped_unparsed(cli, tmp_path):
+  (tmp_path / "a.py").write_text("# about jax\ndef f(x):\n  return (x\n")  # does not parse
+  (tmp_path / "b.py").write_text("# about jax\ndef g(x):\n  return x.device_buffers\n")
+  status, found, _, err = cli(tmp_path)
+  assert (status, found) == (1, [("JSE312", 3)]) and "does not parse" not in err, err
 
 
 def test_any_depth_of_valid_python(cli, tmp_path):
@@ -873,6 +940,53 @@ def test_a_with_over_another_library_value_named_mesh_is_not_reported():
   assert port.check(source) == [] and port.fix(source) == source
 
 
+@pytest.mark.parametrize("body, reported", [
+    # A function the files of the run do not define, named like a mesh maker:
+    # what it returns may be a `Mesh`, whatever the `with` names.
+    ("from myproject.config import get_mesh\nmesh = get_mesh()\nwith mesh:\n  pass\n", True),
+    ("from myproject.config import get_mesh\nm = get_mesh()\nwith m:\n  pass\n", True),
+    ("from myproject import config\nwith config.get_mesh(8):\n  pass\n", True),
+    ("from .meshes import create_mesh\nwith create_mesh() as m:\n  pass\n", True),
+    ("import myproject\nm = None\nif flag:\n  m = myproject.makeMesh()\nwith m:\n  pass\n",
+     True),
+    ("from myproject import Mesh\nwith Mesh(devices(), ('x',)):\n  pass\n", True),
+    ("def f(make_mesh):\n  with make_mesh():\n    pass\n", True),
+    # Another library's value named like a mesh.
+    ("import somelib\nmesh = somelib.build(8)\nwith mesh:\n  pass\n", True),
+    # Values that are surely no `Mesh`, or named like nothing of the sort.
+    ("import threading\nmesh = threading.Lock()\nwith mesh:\n  pass\n", False),
+    ("import contextlib\nwith contextlib.nullcontext():\n  pass\n", False),
+    ("from myproject.config import get_config\nc = get_config()\nwith c:\n  pass\n", False),
+    ("with open(__file__) as f:\n  pass\n", False),
+    ("class Mesh:\n  pass\nwith Mesh():\n  pass\n", False),
+    ("import somelib\nwith somelib.session():\n  pass\n", False),
+])
+def test_every_with_over_an_unknown_value_that_may_be_a_mesh_is_reported(body, reported):
+  """Nothing in the files of the run says what `get_mesh()` of another
+  project returns: `with` over it is reported (it may be a `Mesh`, and `with
+  mesh:` is deprecated), never rewritten."""
+  source = "import jax\nimport numpy as np\n" + body
+  found = [f for f in port.check(source) if f.code == "JSE204"]
+  assert bool(found) == reported, found
+  assert not any(f.fixable for f in found), found
+  assert all("nothing in the files of this run says what" in f.message for f in found)
+  assert port.fix(source) == source
+
+
+def test_a_mesh_from_outside_the_files_of_the_run_is_reported_from_the_command_line(cli, tmp_path):
+  """The project's own `get_mesh`, in a file not given and not found: reported,
+  naming where the value comes from; the file is left as written."""
+  (tmp_path / "train.py").write_text(
+      "import jax\nfrom myproject.partitioning import get_mesh\n"
+      "def main(config):\n  mesh = get_mesh(config)\n  with mesh:\n    pass\n")
+  status, found, out, _ = cli(tmp_path / "train.py")
+  assert (status, found) == (1, [("JSE204", 5)]), out
+  assert "comes from `get_mesh(...)`" in out and "--write fixes this" not in out
+  before = (tmp_path / "train.py").read_text()
+  assert cli("--write", tmp_path / "train.py")[0] == 1
+  assert (tmp_path / "train.py").read_text() == before
+
+
 def test_functions_of_other_files_of_the_project_are_followed(cli, tmp_path):
   """`mesh = get_mesh(config)` where `get_mesh` is the project's own function in
   another file (imported absolutely, relatively or as a module attribute)."""
@@ -925,6 +1039,32 @@ def test_orbax_support_is_added_only_where_the_file_uses_todays_orbax(cli, tmp_p
   assert "import jax_sharding_ext.orbax_support\n" in user.read_text()
 
 
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_a_folder_named_orbax_is_not_taken_for_a_copy_of_orbax(cli, tmp_path, checkpoints):
+  """A project's `orbax/` folder holding a user's notebook and script (and,
+  maybe, saved checkpoints under `checkpoint/`) is no copy of orbax: its code
+  imports today's orbax and gets the support module, as a copy of the same
+  notebook in another folder does."""
+  folder = tmp_path / "orbax"
+  folder.mkdir()
+  if checkpoints:
+    (folder / "checkpoint" / "0").mkdir(parents=True)
+    (folder / "checkpoint" / "0" / "state.json").write_text("{}")
+  code = ("import jax\nimport orbax.checkpoint as ocp\n"
+          "from jax.experimental.global_device_array import GlobalDeviceArray\n"
+          "args = ocp.ArrayRestoreArgs(restore_type=GlobalDeviceArray, mesh=m, mesh_axes=a)\n")
+  (folder / "restore.ipynb").write_text(notebook([code]))
+  (folder / "restore.py").write_text(code)
+  elsewhere = tmp_path / "notebooks"
+  elsewhere.mkdir()
+  (elsewhere / "restore.ipynb").write_text(notebook([code]))
+  _, found, out, _ = cli(tmp_path)
+  assert out.count("JSE207") == 3, out
+  cli("--write", tmp_path)
+  for path in (folder / "restore.ipynb", folder / "restore.py", elsewhere / "restore.ipynb"):
+    assert "import jax_sharding_ext.orbax_support" in path.read_text(), path
+
+
 @pytest.mark.parametrize("before, after", [
     ("import jax\nx = jax.tree_map(f,\n                 a,\n                 b)\n",
      "import jax\nx = jax.tree_util.tree_map(f,\n                           a,\n"
@@ -947,6 +1087,65 @@ def test_orbax_support_is_added_only_where_the_file_uses_todays_orbax(cli, tmp_p
 def test_continuation_lines_stay_aligned_with_a_moved_bracket(before, after):
   assert port.fix(before) == after
   assert port.fix(after) == after
+
+
+NOTE = re.compile(r"^(?P<place>.+?): note: --write (?:would make|made) this line (?P<now>\d+) "
+                  r"characters long(?:, from (?P<was>\d+))?, past the file's (?P<limit>\d+) "
+                  r"\((?P<source>[^)]*)\); wrap it$", re.M)
+LONG = ("import jax\nimport jax.experimental.multihost_utils\n"
+        "y = jax.experimental.multihost_utils.process_allgather(x)\n"  # shorter
+        "zs = jax.tree_map(lambda leaf: leaf * 2, {'weights': w, 'bias': b})\n"  # 67 -> 77
+        "ys = jax.tree_map(lambda leaf: leaf * 2, {'weights': w, 'bias': b, 'c': c})\n"  # 75 -> 85
+        "# https://example.com/a/comment/with/a/long/address/that/no/linter/counts/at/all/xx\n")
+
+
+@pytest.mark.parametrize("config, limit", [
+    ({"pyproject.toml": "[tool.pyink]\nline-length = 80\n"}, 80),
+    ({"pyproject.toml": "[tool.ruff]\nline-length = 78\n"}, 78),
+    ({"setup.cfg": "[flake8]\nmax-line-length = 80\n"}, 80),
+    ({".pylintrc": "[FORMAT]\nmax-line-length=80\n"}, 80),
+    ({}, 75),  # the file's own: its longest line (the address in a comment does not count)
+])
+def test_lines_the_rewrite_makes_too_long_are_named(cli, tmp_path, config, limit):
+  """The lines `--write` (and `--diff`) makes longer than the file's line
+  length (configured, else its longest line) are named on stderr, at their
+  place in the rewritten file; the exit status does not change."""
+  project = tmp_path / "project"
+  (project / "src").mkdir(parents=True)
+  (project / ".git").mkdir()
+  for name, text in config.items():
+    (project / name).write_text(text)
+  path = project / "src" / "train.py"
+  path.write_text(LONG)
+  status, _, _, err = cli("--diff", path)
+  assert status == 1 and path.read_text() == LONG
+  would = [m.groupdict() for m in NOTE.finditer(err)]
+  status, found, _, err = cli("--write", path)
+  assert (status, found) == (0, []), err
+  notes = [m.groupdict() for m in NOTE.finditer(err)]
+  lines = path.read_text().splitlines()
+  expected = [i + 1 for i, line in enumerate(lines) if len(line) > limit and "tree_util" in line]
+  assert [int(n["place"].rpartition(":")[2]) for n in notes] == expected and expected, err
+  assert all(int(n["limit"]) == limit and int(n["now"]) == len(lines[int(n["place"].rpartition(
+      ":")[2]) - 1]) and int(n["was"]) == int(n["now"]) - 10 for n in notes), notes
+  assert would == notes
+  assert f"{len(notes)} line" in err and "made longer than the file's line length" in err
+  assert (config and str(project) in notes[0]["source"]) or notes[0]["source"] == (
+      "the longest line it had")
+  assert "note:" not in cli("--write", path)[3]  # nothing grows the second time
+
+
+def test_lines_made_longer_in_a_notebook_name_their_cell(cli, tmp_path):
+  (tmp_path / ".git").mkdir()
+  (tmp_path / "pyproject.toml").write_text("[tool.black]\nline-length = 70\n")
+  path = tmp_path / "n.ipynb"
+  timed = "%time y = jax.tree_map(lambda leaf: leaf * 2, {'weights': weights})"
+  second = "w = jax.tree_map(lambda leaf: leaf * 2, {'weights': weights})"
+  path.write_text(notebook(["import jax\n", timed, f"z = 1\n{second}", "v = jax.tree_map(f, x)"]))
+  _, _, _, err = cli("--write", path)
+  places = [(m["place"], int(m["now"])) for m in NOTE.finditer(err)]
+  assert places == [(f"{path}:cell 2:1", len(timed) + 10),
+                    (f"{path}:cell 3:2", len(second) + 10)], err
 
 
 def test_a_notebook_keeps_every_byte_outside_the_sources_it_changes(cli, tmp_path):
@@ -987,7 +1186,6 @@ def test_a_name_this_package_provides_is_imported_from_it_from_any_gda_era_home(
   assert fixed == ("from jax_sharding_ext import parallel_functions_output_gda\n"
                    "from jax._src.config import jax_array\n"
                    "import jax_sharding_ext\n"
-                   "from jax._src import config as jax_config\n"
                    "with parallel_functions_output_gda(True), "
                    "jax_sharding_ext.parallel_functions_output_gda(False):\n  pass\njax_array\n")
 
@@ -1041,6 +1239,57 @@ def test_imports_of_removed_names_nothing_uses_go():
                    "__all__ = ['ShardingSpec']\nMesh\n")
 
 
+@pytest.mark.parametrize("before, after", [
+    # Every use of the module rewritten: the import goes; a user's own unused import stays.
+    ("import jax\nfrom jax.experimental import pjit, mesh_utils\n"
+     "f = pjit.pjit(g, in_axis_resources=pjit.FROM_GDA)\n",
+     "import jax\nimport jax_sharding_ext\nfrom jax.experimental import mesh_utils\n"
+     "f = jax_sharding_ext.pjit(g, in_axis_resources=jax_sharding_ext.FROM_GDA)\n"),
+    ("import jax\nfrom jax.experimental import pjit\nf = pjit.pjit(g)\n",
+     "import jax\nimport jax_sharding_ext\nf = jax_sharding_ext.pjit(g)\n"),
+    # `import a.b.c` goes where `import a` stays, else becomes `import a`.
+    ("import jax\nimport jax.experimental.multihost_utils\n"
+     "y = jax.experimental.multihost_utils.process_allgather(x)\n",
+     "import jax\nimport jax_sharding_ext\n"
+     "y = jax_sharding_ext.multihost_utils.process_allgather(x)\n"),
+    ("import jax.experimental.multihost_utils\n"
+     "y = jax.experimental.multihost_utils.process_allgather(x)\nz = jax.numpy.ones(3)\n",
+     "import jax\nimport jax_sharding_ext\n"
+     "y = jax_sharding_ext.multihost_utils.process_allgather(x)\nz = jax.numpy.ones(3)\n"),
+])
+def test_imports_the_rewrite_leaves_unused_go(before, after):
+  fixed = assert_port_invariants(before)
+  assert fixed == after
+  found = [f for f in port.check(before) if f.code == "JSE110"]
+  assert found and all(f.fixable for f in found), found
+
+
+@pytest.mark.parametrize("source", [
+    # Still named after the rewrite: by a use no rewrite replaces (reported), in
+    # `__all__`, in a string annotation.
+    "from jax.experimental import pjit\nf = pjit.pjit(g)\np = pjit.pjit_p\n",
+    "from jax.experimental import pjit\n__all__ = ['pjit']\nf = pjit.pjit(g)\n",
+    "import jax.numpy as jnp\ny: jnp.DeviceArray = x\ndef f(v: 'jnp.DeviceArray'):\n  pass\n",
+    "import jax\nimport jax.experimental.multihost_utils\n"
+    "y = jax.experimental.multihost_utils.process_allgather(x)\n"
+    "def f(m: 'jax.experimental.multihost_utils.Foo'):\n  pass\n",
+    # A top-level package: a rewrite may spell a new name through it.
+    "import jax as j\ny = j.tree_map(f, x)\n",
+    # Unused before the rewrite: the user's own.
+    "import jax\nfrom jax.experimental import pjit\nimport jax.experimental.multihost_utils\n",
+    # Inside a `try` that falls back on ImportError.
+    "try:\n  from jax.experimental import pjit\nexcept ImportError:\n  pjit = None\n"
+    "f = pjit.pjit(g)\n",
+])
+def test_imports_still_named_after_the_rewrite_stay(source):
+  fixed = assert_port_invariants(source)
+  assert not [f for f in port.check(source) if f.code == "JSE110"]
+  tree = ast.parse(source)
+  for node in tree.body:
+    if isinstance(node, ast.Import | ast.ImportFrom) and "jax.experimental" in ast.unparse(node):
+      assert ast.unparse(node).split(" import ")[-1] in fixed, fixed
+
+
 # -- the legacy mesh's readers ------------------------------------------------------
 
 
@@ -1091,10 +1340,10 @@ def test_a_defect_of_the_tool_on_one_file_leaves_it_and_the_run_goes_on(cli, tmp
   (tmp_path / "b.py").write_text(MAPS + "x = 1\n")
   real = _engine.fix_text
 
-  def broken(text, path="<source>", project=None):
+  def broken(text, path="<source>", project=None, growth=None):
     if path.endswith("a.py"):
       raise KeyError("a defect")
-    return real(text, path, project)
+    return real(text, path, project, growth)
   monkeypatch.setattr(_engine, "fix_text", broken)
   status, _, _, err = cli("--write", tmp_path)
   assert status == 2 and "a.py: internal error (KeyError: 'a defect')" in err, err

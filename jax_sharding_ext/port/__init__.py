@@ -30,6 +30,7 @@ called: importing this package never imports it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import types
 
 from jax_sharding_ext.port._finding import Finding
@@ -39,11 +40,15 @@ __all__ = ["LIBCST_MISSING", "Finding", "check", "fix"]
 LIBCST_MISSING = ("the porting tool needs libcst: pip install 'jax-sharding-ext[port]'")
 
 
-def _load_engine() -> types.ModuleType:
-  """The libcst-based implementation, or an ImportError naming the extra."""
+def _load_engine(rewrite: bool = True) -> types.ModuleType:
+  """The implementation, or an ImportError naming the extra. libcst itself is
+  imported only to rewrite (`rewrite`); checking asks only that it is there."""
   try:
-    importlib.import_module("libcst")
-  except ImportError as e:
+    if rewrite:
+      importlib.import_module("libcst")
+    elif importlib.util.find_spec("libcst") is None:
+      raise ImportError("no module named 'libcst'")
+  except (ImportError, ValueError) as e:
     raise ImportError(LIBCST_MISSING) from e
   return importlib.import_module("jax_sharding_ext.port._engine")
 
@@ -60,7 +65,7 @@ def check(source: str | bytes, path: str = "<source>") -> list[Finding]:
     ...   print(finding)
     train.py:2:10: JSE301 `jax.tree_map` was removed from JAX; use `jax.tree_util.tree_map` (--write fixes this)
   """
-  engine = _load_engine()
+  engine = _load_engine(rewrite=False)
   if isinstance(source, bytes):
     source = importlib.import_module("jax_sharding_ext.port._source").decode(source)[0]
   return engine.check_text(source, path)

@@ -13,14 +13,16 @@ read of the legacy mesh is `current_mesh()`, `_mesh_env`), reported
 (`JSE311` when missing, with JAX's own note). The rules on values (`with
 mesh:`, `.device_buffers`, array attributes, ...) are in `_values` and
 `_arrays`, the order of `jax.distributed.initialize()` in `_order`. An import
-of a removed name that nothing uses once the rewrites are made goes (a name
-in `__all__` is used). A `from M import *` of a GDA-era module is judged by
-the names the module uses and binds nowhere (`_star_imports`).
+of a removed name that nothing uses once the rewrites are made goes, as does
+one the rewrites leave unused (`_unused`). A `from M import *` of a GDA-era
+module is judged by the names the module uses and binds nowhere
+(`_star_imports`).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from typing import cast
 
 from jax_sharding_ext.port import (
@@ -32,6 +34,7 @@ from jax_sharding_ext.port import (
     _reports,
     _rules,
     _scope,
+    _unused,
     _values,
 )
 from jax_sharding_ext.port._context import Context, is_jax
@@ -69,30 +72,29 @@ def dead_try(node: ast.Try) -> bool:
 
 
 class _Uses:
-  """Judges the uses of imported names; counts, per import alias, its uses
-  and how many of them a rename rewrites."""
+  """Judges the uses of imported names, counting what the rewrites do to each
+  import (`_unused.Count`)."""
 
   def __init__(self, ctx: Context) -> None:
     self.ctx = ctx
-    self.total: dict[int, int] = {}
-    self.rewritten: dict[int, int] = {}
+    self.count = _unused.Count(ctx)
     self.missing_left: set[str] = set()  # symbols JAX lacks that stay as written
 
   def judge(self, node: ast.expr, parts: list[str], scope: _scope.Scope) -> None:
     ctx = self.ctx
     for binding in ctx.bindings(parts[0], scope):
-      key = id(binding.alias)
-      self.total[key] = self.total.get(key, 0) + 1
-      if id(node) in ctx.consumed:  # a call rule rewrote it
-        self.rewritten[key] = self.rewritten.get(key, 0) + 1
-        continue
       symbol, moved = ctx.effective(binding, parts[1:])
-      base_len = len(symbol.split(".")) - (len(parts) - 1)
-      if symbol.split(".")[0] == _rules.PKG:
+      if id(node) in ctx.consumed:  # a call rule rewrote it
+        self.count.use(binding, node, parts[0], symbol, True, ctx.consumed[id(node)])
+        continue
+      renamed = None
+      root = symbol.partition(".")[0]
+      if root == _rules.PKG:
         self._package_use(node, symbol)
-      elif is_jax(symbol) and (not moved or len(parts) > 1):
-        if self._removed_use(node, symbol, base_len, scope):
-          self.rewritten[key] = self.rewritten.get(key, 0) + 1
+      elif root in _jaxnames.ROOTS and (not moved or len(parts) > 1) and not _current(symbol):
+        base_len = symbol.count(".") + 1 - (len(parts) - 1)
+        renamed = self._removed_use(node, symbol, base_len, scope)
+      self.count.use(binding, node, parts[0], symbol, renamed is not None, renamed)
       obj, _, option = symbol.rpartition(".")
       if obj in _reports.CONFIG_OBJECTS:
         _values.option(ctx, node, option, "read")
@@ -111,11 +113,13 @@ class _Uses:
           shown=self.ctx.shown(node), module=module, name=name))
 
   def _removed_use(self, node: ast.expr, symbol: str, base_len: int,
-                   scope: _scope.Scope) -> bool:
-    """Judges a JAX symbol no import rewrite reaches; True when renamed."""
+                   scope: _scope.Scope) -> Note | None:
+    """Judges a JAX symbol no import rewrite reaches; the note that renames it, if any."""
+    if _current(symbol):
+      return None
     ctx = self.ctx
     if _mesh_env.environment(ctx, node, symbol, scope):
-      return True
+      return ctx.notes[-1]
     rename = _rules.rename_for(symbol)
     found = _reports.report_for(symbol)
     mesh_read = _mesh_env.read(symbol)
@@ -137,10 +141,10 @@ class _Uses:
     if found is None or found[1].gone:
       if not _jaxnames.has(symbol):
         self.missing_left.add(symbol)
-    return False
+    return None
 
   def _rename(self, node: ast.expr, symbol: str, rename: tuple[str, str, str],
-              base_len: int, scope: _scope.Scope) -> bool:
+              base_len: int, scope: _scope.Scope) -> Note | None:
     ctx = self.ctx
     code, prefix, new = rename
     target = new + symbol[len(prefix):]
@@ -162,9 +166,18 @@ class _Uses:
     message = _rename_message(code, shown, prefix, symbol, target)
     if spelled is None:
       ctx.note(node, code, message)
-      return False
+      return None
     ctx.note(node, code, message, edits, spelled[1])
-    return True
+    return ctx.notes[-1]
+
+
+@functools.cache
+def _current(symbol: str) -> bool:
+  """A JAX symbol of today's JAX that no rule renames or reports: its uses are
+  left as they are (asked once per symbol, not once per use)."""
+  return (symbol.split(".")[-2:] != ["thread_resources", "env"]
+          and _rules.rename_for(symbol) is None and _reports.report_for(symbol) is None
+          and _mesh_env.read(symbol) is None and _jaxnames.has(symbol))
 
 
 def _rename_message(code: str, shown: str, prefix: str, symbol: str, target: str) -> str:
@@ -180,54 +193,14 @@ def _rename_message(code: str, shown: str, prefix: str, symbol: str, target: str
   return message.removeprefix(f"`{shown}`: ") if shown == prefix else message
 
 
-def _plan(stmt: _scope.ImportStmt, ctx: Context, drop: frozenset[str] = frozenset()) -> Plan:
-  node = stmt.node
+def _plan(stmt: _scope.ImportStmt, ctx: Context, drops: _unused.Drops | None = None) -> Plan:
+  node, key = stmt.node, id(stmt.node)
+  drop = drops.names.get(key, frozenset()) if drops else frozenset()
+  unused = drops.left_unused.get(key, frozenset()) if drops else frozenset()
   if isinstance(node, ast.Import):
-    return _imports.plan_import(node, drop)
-  return _imports.plan_import_from(node, ctx.text.line(node.lineno), drop)
-
-
-def _drops(ctx: Context, uses: _Uses) -> dict[int, frozenset[str]]:
-  """Per import statement, the names to drop (or, for `import a.b.c`, to make
-  `import a`): imports of names today's JAX lacks whose uses all get rewritten
-  (or that nothing uses; a name the module lists in `__all__` is used)."""
-  out: dict[int, frozenset[str]] = {}
-  exported = _exported(ctx.tree)
-  for stmt in ctx.walk.imports:
-    if stmt.guarded:
-      continue
-    node, names = stmt.node, set()
-    for alias in node.names:
-      if isinstance(node, ast.Import) and alias.asname is None:
-        if (is_jax(alias.name) and not _jaxnames.is_module(alias.name)
-            and not any(s == alias.name or s.startswith(alias.name + ".")
-                        for s in uses.missing_left)):
-          names.add(alias.name)
-        continue
-      if isinstance(node, ast.ImportFrom) and (node.level or not node.module
-                                               or alias.name == "*"):
-        continue
-      symbol = alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
-      key, local = id(alias), alias.asname or alias.name
-      if (is_jax(symbol) and _rules.fix_for(symbol) is None and not _jaxnames.has(symbol)
-          and uses.rewritten.get(key, 0) == uses.total.get(key, 0) and local not in exported):
-        names.add(local)
-    if names:
-      out[id(node)] = frozenset(names)
-  return out
-
-
-def _exported(tree: ast.Module) -> frozenset[str]:
-  """The names a module's `__all__` lists (strings written out)."""
-  names: set[str] = set()
-  for stmt in tree.body:
-    targets = stmt.targets if isinstance(stmt, ast.Assign) else (
-        [stmt.target] if isinstance(stmt, ast.AugAssign | ast.AnnAssign) else [])
-    value = getattr(stmt, "value", None)
-    if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and value is not None:
-      names.update(n.value for n in ast.walk(value)
-                   if isinstance(n, ast.Constant) and isinstance(n.value, str))
-  return frozenset(names)
+    gone = drops.gone.get(key, frozenset()) if drops else frozenset()
+    return _imports.plan_import(node, drop, unused, gone)
+  return _imports.plan_import_from(node, ctx.text.line(node.lineno), drop, unused)
 
 
 def analyze(tree: ast.Module, ctx: Context) -> None:
@@ -242,14 +215,18 @@ def analyze(tree: ast.Module, ctx: Context) -> None:
         ctx.redirects[id(alias)] = plan.redirects[local]
   _values.judge_calls(ctx)
   uses = _Uses(ctx)
+  imported = walk.imported
   for node, parts, scope in walk.uses:
-    uses.judge(node, parts, scope)
+    if parts[0] in imported:  # a name no import binds reaches no JAX symbol
+      uses.judge(node, parts, scope)
   _values.judge_values(ctx)
   _order.judge(ctx)
-  drops = _drops(ctx, uses)
+  drops = _unused.drops(ctx, uses.count, uses.missing_left)
+  dropping = drops.statements()
   for stmt in walk.imports:
-    if id(stmt.node) in drops:
-      plans[id(stmt.node)] = _plan(stmt, ctx, drops[id(stmt.node)])
+    if id(stmt.node) in dropping:
+      plans[id(stmt.node)] = _plan(stmt, ctx, drops)
+      ctx.waits[id(stmt.node)] = drops.waits.get(id(stmt.node), [])
   fixed_stars = _star_imports(ctx)
   for stmt in walk.imports:
     plan = plans[id(stmt.node)]

@@ -38,18 +38,25 @@ class Context:
     self.notes: list[Note] = []
     self.plans: dict[int, Plan] = {}  # id(import statement) -> its plan
     self.redirects: dict[int, tuple[str, str]] = {}  # id(alias) -> (old, new)
-    self.consumed: set[int] = set()  # ids of nodes a rule already judged
+    self.consumed: dict[int, Note | None] = {}  # id(node) a call rule judged -> its rewrite
+    self.waits: dict[int, list[Note]] = {}  # id(import statement) -> rewrites made with it
+    self._imports_package: dict[str, bool] = {}
+    self._bindings: dict[tuple[str, int], list[_scope.Binding]] = {}  # the walk's scopes live on
 
   # -- symbols ---------------------------------------------------------------
 
   def bindings(self, name: str, scope: _scope.Scope) -> list[_scope.Binding]:
     """The import bindings `name` reaches here (one per distinct dotted name)."""
-    seen, out = set(), []
-    for b in scope.lookup(name):
-      if b.qualified is not None and b.qualified not in seen:
-        seen.add(b.qualified)
-        out.append(b)
-    return out
+    key = (name, id(scope))
+    found = self._bindings.get(key)
+    if found is None:
+      seen, found = set(), []
+      for b in scope.lookup(name):
+        if b.qualified is not None and b.qualified not in seen:
+          seen.add(b.qualified)
+          found.append(b)
+      self._bindings[key] = found
+    return found
 
   def effective(self, binding: _scope.Binding, rest: list[str]) -> tuple[str, bool]:
     """The symbol a chain reaches through `binding` once `--write` rewrote the
@@ -68,6 +75,13 @@ class Context:
     return [self.effective(b, parts[1:])[0] for b in self.bindings(parts[0], scope)]
 
   def imports_package(self, module: str = _rules.PKG) -> bool:
+    """Whether the module imports `module` (or a module inside it) anywhere."""
+    found = self._imports_package.get(module)
+    if found is None:
+      found = self._imports_package[module] = self._find_package_import(module)
+    return found
+
+  def _find_package_import(self, module: str) -> bool:
     return any(b.qualified is not None and (b.qualified == module
                                             or b.qualified.startswith(module + "."))
                for s in self._import_bindings() for b in s)

@@ -5,13 +5,19 @@ finding's edits applied. An import statement that changes is rewritten with
 libcst (only that statement is parsed by it); every other edit is a splice of
 the exact characters an `ast` node spans. `fix_text` repeats until nothing is
 left to fix (an edit that overlapped another waits for the next round), at
-most a few rounds, and refuses a result that does not compile.
+most a few rounds, and refuses a result that does not compile. A round in
+which every finding was fixable and every edit applied is the last: the
+rewritten text is parsed (it must compile) but not analyzed again, as the
+fixes of one round leave nothing to find (the fuzzer checks this against a
+full analysis), unless the module has a star import or the round imports a
+name the code uses unbound.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import warnings
 from typing import cast
 
@@ -19,10 +25,25 @@ from jax_sharding_ext.port import _align, _analyze, _arrays, _files, _scope, _so
 from jax_sharding_ext.port._context import Context, Fixed
 from jax_sharding_ext.port._finding import Finding
 from jax_sharding_ext.port._imports import Note
+from jax_sharding_ext.port._length import Growth
 from jax_sharding_ext.port._project import Project
-from jax_sharding_ext.port._source import Edit, Text, choose, splice
+from jax_sharding_ext.port._source import Edit, Text, choose_all, splice
 
 _ROUNDS = 4
+
+
+# What code must spell for any rule to find something in it: an import (every
+# rule on names, and most on values, starts at one), or a name that a rule
+# judges on any object (`.device_buffers`, `.device()`, a value named like a
+# mesh, the removed array classes' own attributes; `.indices` needs a jit).
+_SPELLED = re.compile("|".join(["import", "device", "mesh", *sorted(
+    re.escape(a) for a in _arrays.REMOVED_SURFACE if a != "indices")]), re.IGNORECASE)
+
+
+def could_find(text: str) -> bool:
+  """False when no rule can find anything in `text` (it spells none of the
+  words every finding needs): the module need not be parsed."""
+  return _SPELLED.search(text) is not None
 
 
 def parse(text: str, path: str) -> ast.Module:
@@ -123,17 +144,20 @@ def _import_edit(ctx: Context, node: ast.Import | ast.ImportFrom, plan) -> Edit:
 def edit_groups(ctx: Context) -> list[list[Edit]]:
   """The edits of every fixable finding, import statements first; the added
   imports go with each finding that needs them."""
-  groups = [[_import_edit(ctx, s.node, ctx.plans[id(s.node)])]
-            for s in ctx.walk.imports if id(s.node) in ctx.plans]
   needs: set[str] = set()
   for note in ctx.notes:
     if isinstance(note, Fixed):
       needs.update(note.needs)
   insertion = ctx.insertion(needs)
-  for note in ctx.notes:
-    if isinstance(note, Fixed):
-      extra = [insertion] if insertion is not None and note.needs else []
-      groups.append([*note.edits, *extra])
+
+  def edits(note: Fixed) -> list[Edit]:
+    return [*note.edits, *([insertion] if insertion is not None and note.needs else [])]
+
+  # An import that goes takes the rewrites of its uses with it: all or none.
+  groups = [[_import_edit(ctx, s.node, ctx.plans[id(s.node)]),
+             *(e for n in ctx.waits.get(id(s.node), []) if isinstance(n, Fixed) for e in edits(n))]
+            for s in ctx.walk.imports if id(s.node) in ctx.plans]
+  groups += [edits(note) for note in ctx.notes if isinstance(note, Fixed)]
   return groups
 
 
@@ -142,25 +166,47 @@ def check_text(text: str, path: str = "<source>", project: Project | None = None
   return analyze(text, path, project=project).findings
 
 
-def fix_text(text: str, path: str = "<source>", project: Project | None = None
-             ) -> tuple[str, list[Finding], list[Finding]]:
+def fix_text(text: str, path: str = "<source>", project: Project | None = None,
+             growth: Growth | None = None) -> tuple[str, list[Finding], list[Finding]]:
   """(the text with every fixable finding fixed, the findings of the text as
-  given, the findings left in the fixed text)."""
+  given, the findings left in the fixed text). `growth` follows the lines the
+  rewrite touches."""
   project = project if project is not None else project_of([path])
   result = analyze(text, path, project=project)
   before = result.findings
   for _ in range(_ROUNDS):
     if not any(f.fixable for f in result.findings):
       break
-    edits = choose(edit_groups(result.ctx))
-    new = splice(text, edits + _align.realign(result.ctx.text, edits))
+    edits, every = choose_all(edit_groups(result.ctx))
+    edits = sorted(edits + _align.realign(result.ctx.text, edits), key=lambda e: (e.start, e.end))
+    new = splice(text, edits)
     if new == text:
       break
+    settled = every and all(n.fixable for n in result.ctx.notes) and _closed(result.ctx)
+    old = result.ctx.text
     result = None  # type: ignore[assignment]  # one module's tree in memory at a time
     try:
       tree = parse(new, path)
     except SyntaxError as e:
       raise RuntimeError(f"{path}: the rewrite does not compile ({e.msg} at line "
                          f"{e.lineno}); nothing written. Please report this.") from None
+    if settled:  # every finding was fixed in this round: nothing is left
+      if growth is not None:
+        growth.rewrite(old, edits, Text(new))
+      return new, before, []
     text, result = new, analyze(new, path, tree, project)
+    if growth is not None:
+      growth.rewrite(old, edits, result.ctx.text)
   return text, before, result.findings
+
+
+def _closed(ctx: Context) -> bool:
+  """Whether a round that makes every fix of `ctx` leaves nothing to find: no
+  star import (whose names the rewrite may bind), and no module the round
+  imports whose name the code uses unbound (the new import would bind it)."""
+  if any(isinstance(s.node, ast.ImportFrom) and s.node.names[0].name == "*"
+         for s in ctx.walk.imports):
+    return False
+  needs = {m.partition(".")[0] for n in ctx.notes if isinstance(n, Fixed) for m in n.needs}
+  return not any(not ctx.bindings(root, scope) for root in needs
+                 for _node, _parts, scope in ctx.walk.uses_of(root))

@@ -125,8 +125,16 @@ def _drop_note(alias: ast.alias, note: Note | None, shown: str) -> Note:
               f"this import{_rules.WRITE}", fixable=True)
 
 
-def plan_import_from(node: ast.ImportFrom, line: str, drop: frozenset[str] = frozenset()
-                     ) -> Plan:
+def _unused_note(alias: ast.alias, shown: str, becomes: str | None = None) -> Note:
+  end = f"this line becomes `import {becomes}`" if becomes else "--write removes this import"
+  return Note(alias, "JSE110", f"`{shown}`: --write rewrites every use of this import, which "
+              f"leaves it unused; {end}{_rules.WRITE}", fixable=True)
+
+
+def plan_import_from(node: ast.ImportFrom, line: str, drop: frozenset[str] = frozenset(),
+                     unused: frozenset[str] = frozenset()) -> Plan:
+  """`drop`: the local names to leave out; `unused`: those of them the rewrite
+  left unused (the others are removed names nothing uses)."""
   plan = Plan()
   if node.level or not node.module:
     return plan
@@ -143,7 +151,8 @@ def plan_import_from(node: ast.ImportFrom, line: str, drop: frozenset[str] = fro
     fix = _rules.fix_for(symbol)
     note = report_note(alias, symbol, symbol) if fix is None else None
     if (alias.asname or alias.name) in drop:
-      plan.notes.append(_drop_note(alias, note, symbol))
+      plan.notes.append(_unused_note(alias, symbol) if (alias.asname or alias.name) in unused
+                        else _drop_note(alias, note, symbol))
       plan.changed = True
     elif fix is None:
       kept.append(i)
@@ -190,9 +199,13 @@ def _ride_along(node: ast.ImportFrom, module: str, kept: list[int],
   return stay
 
 
-def plan_import(node: ast.Import, drop: frozenset[str] = frozenset()) -> Plan:
+def plan_import(node: ast.Import, drop: frozenset[str] = frozenset(),
+                unused: frozenset[str] = frozenset(), gone: frozenset[str] = frozenset()
+                ) -> Plan:
   """`drop`: the dotted names of plain `import a.b.c` statements to make `import a`,
-  and the local names of `import a.b as c` to remove."""
+  and the local names of `import a.b as c` to remove; `unused`: those of them
+  the rewrite left unused; `gone`: plain `import a.b.c` the rewrite left
+  unused to remove (another import binds `a`)."""
   plan = Plan()
   groups: dict[str | None, list[tuple[int, str | None]]] = {}
   for i, alias in enumerate(node.names):
@@ -201,15 +214,23 @@ def plan_import(node: ast.Import, drop: frozenset[str] = frozenset()) -> Plan:
     if fix is None:
       note = _bare_import_note(alias, symbol)
       if alias.asname is not None and alias.asname in drop:
-        plan.notes.append(_drop_note(alias, note, symbol))
+        plan.notes.append(_unused_note(alias, symbol) if alias.asname in unused
+                          else _drop_note(alias, note, symbol))
+        plan.changed = True
+        continue
+      if alias.asname is None and symbol in gone:
+        plan.notes.append(_unused_note(alias, symbol))
         plan.changed = True
         continue
       if alias.asname is None and symbol in drop:
         root = symbol.partition(".")[0]
-        plan.notes.append(Note(alias, note.code if note else "JSE311", (
-            f"{note.message if note else f'`{symbol}` is not in the installed JAX'}; "
-            f"--write rewrites its uses and this line to `import {root}`{_rules.WRITE}"),
-            fixable=True))
+        if symbol in unused:
+          plan.notes.append(_unused_note(alias, symbol, root))
+        else:
+          plan.notes.append(Note(alias, note.code if note else "JSE311", (
+              f"{note.message if note else f'`{symbol}` is not in the installed JAX'}; "
+              f"--write rewrites its uses and this line to `import {root}`{_rules.WRITE}"),
+              fixable=True))
         groups.setdefault(None, []).append((i, root))
         plan.changed = True
         continue

@@ -8,11 +8,15 @@ parameters by their annotation (`Optional[...]` too), `with v as name`, the
 imports, in another file of the project: `_project`), `self.x` by every
 assignment of an attribute `x` in the file and the class's properties (when
 the class itself defines or assigns `x`), conditional expressions, tuple
-unpacking, subscripts of a jit's output. Calls of JAX's and this package's callables are known by the object
-they are in the installed JAX (the `Mesh` class, `jax.jit`, legacy and stock
-`pjit`, `jax.pmap`, `jax.device_put`, a JAX function annotated to return a
-`Mesh`, `functools.partial` of any of them). Anything else is `UNKNOWN`: a
-rule that needs every value to be a `Mesh` then makes no change.
+unpacking, subscripts of a jit's output. Calls of JAX's and this package's
+callables are known by the object they are in the installed JAX (the `Mesh`
+class, `jax.jit`, legacy and stock `pjit`, `jax.pmap`, `jax.device_put`, a
+JAX function annotated to return a `Mesh`, `functools.partial` of any of
+them); a call of Python's standard library gives no `Mesh`; one of another
+library is `LIBRARY_OUT`. A call that nothing says anything of, of a function
+named like a mesh maker (`get_mesh()`, `createDeviceMesh()`), is
+`Outside(name)`: it may give a `Mesh`. Anything else is `UNKNOWN`: a rule
+that needs every value to be a `Mesh` then makes no change.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 import weakref
 from typing import Any
@@ -39,13 +44,28 @@ MESH_MAKER = "Mesh class"
 PARTIAL = "functools.partial"
 LIBRARY = "another library's callable"
 LIBRARY_OUT = "what another library's callable returned"
+STDLIB = "a callable of Python's standard library"  # it makes no `Mesh`
 NONE = "None"
 OTHER = "other"
 UNKNOWN = "unknown"
+UNKNOWNS = frozenset({UNKNOWN, LIBRARY_OUT})  # values nothing in the run says anything of
 
 _CALLED = {MESH_MAKER: MESH, JIT: JITTED, PMAP: PMAPPED, JITTED: JIT_OUT, PMAPPED: ARRAY,
-           ARRAY_MAKER: ARRAY, LIBRARY: LIBRARY_OUT}
+           ARRAY_MAKER: ARRAY, LIBRARY: LIBRARY_OUT, STDLIB: OTHER}
 _LEAVES = frozenset({JIT_OUT, ARRAY})  # kinds whose parts (subscripts, unpacked) are the same
+_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outside:
+  """What a function named like a mesh maker returned (`get_mesh()`) where the
+  files of the run do not say what that is: it may be a `Mesh`."""
+  name: str
+
+
+def _names_a_mesh(name: str) -> bool:
+  """`get_mesh`, `createDeviceMesh`, `Mesh`: one of its words is "mesh"."""
+  return any(w.lower() == "mesh" for w in _WORDS.findall(name))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -161,18 +181,26 @@ class Kinds:
     found = self._project_def(parts, scope)
     if found == {UNKNOWN} and symbols and all(
         s.partition(".")[0] not in (*_jaxnames.ROOTS, _rules.PKG) for s in symbols):
-      return frozenset({LIBRARY})
+      standard = all(s.partition(".")[0] in sys.stdlib_module_names for s in symbols)
+      return frozenset({STDLIB if standard else LIBRARY})
     return found
 
   def call(self, node: ast.Call, scope: _scope.Scope) -> frozenset:
     out: set = set()
-    for kind in self.callee(node.func, scope):
+    callees = self.callee(node.func, scope)
+    for kind in callees:
       if kind == PARTIAL:  # `partial(f, ...)` calls as `f` does
         out |= self.callee(node.args[0], scope) if node.args else {UNKNOWN}
       elif isinstance(kind, Fn):
         out |= kinds_of(kind.ctx).returns(kind.node)
       else:
         out.add(_CALLED.get(kind, UNKNOWN))
+    parts = _scope.chain(node.func)
+    if (out and out <= {UNKNOWN, LIBRARY_OUT} and OTHER not in callees  # not a class's
+        and parts and _names_a_mesh(parts[-1])
+        and not any(s.partition(".")[0] in (*_jaxnames.ROOTS, _rules.PKG)
+                    for s in self.ctx.symbols(node.func, scope))):
+      return frozenset({Outside(".".join(parts))})
     return frozenset(out)
 
   def attribute(self, node: ast.Attribute, scope: _scope.Scope) -> frozenset:

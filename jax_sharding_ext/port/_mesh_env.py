@@ -51,8 +51,7 @@ def environment(ctx: Context, node: ast.expr, symbol: str, scope: _scope.Scope) 
   name = stmt.targets[0].id
   if len(scope.names.get(name, [])) != 1:
     return False
-  uses = [(n, p) for n, p, s in ctx.walk.uses if p[0] == name and s.lookup(name)
-          is scope.names[name]]
+  uses = [(n, p) for n, p, s in ctx.walk.uses_of(name) if s.lookup(name) is scope.names[name]]
   if not uses or any(len(p) < 2 or p[1] not in _MESH_PARTS for _, p in uses):
     return False
   spelled = ctx.spell(READER, scope)

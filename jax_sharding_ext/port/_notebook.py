@@ -141,6 +141,17 @@ def column(nb: Notebook, line_text: str, col: int) -> int:
   return col + len(nb.held[int(m.group(3))])
 
 
+def cell_line(nb: Notebook, line: str) -> str:
+  """A line of a `module_text` as its cell has it (IPython lines put back)."""
+  line = _HELD_LINE.sub(lambda m: nb.held[int(m.group(2))], line)
+  return _PREFIXED_LINE.sub(lambda m: m.group(1) + nb.held[int(m.group(3))] + m.group(2), line)
+
+
+def code_lines(nb: Notebook, text: str) -> list[str]:
+  """The lines of the code cells in a `module_text`, as the cells have them."""
+  return [cell_line(nb, line) for line in text.split("\n") if not _CELL_LINE.match(line)]
+
+
 def dump(nb: Notebook, text: str) -> bytes:
   """The notebook with its code cells replaced by those in `text` (a rewritten
   `module_text`): only the changed cells' `source` values are rewritten."""

@@ -133,6 +133,11 @@ JSE204_MAYBE = (
     "`with {shown}:` enters the legacy mesh context (deprecated) where the value is a `Mesh`; "
     "not every value that can reach it is surely one (`jax.set_mesh` refuses anything else), "
     "so --write leaves it: where it is a `Mesh`, write `with {new}:`")
+JSE204_UNKNOWN = (
+    "`with {shown}:`: nothing in the files of this run says what `{value}` is{made}; where it "
+    "is a `Mesh`, this enters the legacy mesh context, deprecated on today's JAX (and unseen "
+    "by `jax.sharding.get_abstract_mesh()` and today's flax): write `with {new}:` there "
+    "(--write leaves it, as `jax.set_mesh` refuses anything but a `Mesh`)")
 JSE205 = ("`{shown}`: `_device_buffers` is a `GlobalDeviceArray`'s (its local single-device "
           "arrays, in local-device order), not a `jax.Array`'s; for either kind, "
           "`[s.data for s in {value}.addressable_shards]`")
@@ -193,6 +198,8 @@ CODES = {
     "JSE108": "`from <GDA-era module> import *`: import the names it no longer provides",
     "JSE109": "a name JAX removed that this package provides "
               "(`parallel_functions_output_gda`, ...): import it from this package",
+    "JSE110": "an import that --write's rewrites leave unused (`from jax.experimental import "
+              "pjit` once `pjit.pjit` is this package's): removed",
     "JSE201": "reads `jax_array` / `jax_parallel_functions_output_gda`: import this package",
     "JSE202": "sets an option this package defines: import this package first",
     "JSE203": "stock `multihost_utils` reached through a module: this package's",

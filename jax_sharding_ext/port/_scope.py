@@ -87,14 +87,28 @@ class Walk:
   attrs: list[tuple[ast.Attribute, Scope]] = dataclasses.field(default_factory=list)
   with_stmts: dict[int, ast.With | ast.AsyncWith] = dataclasses.field(default_factory=dict)
   annotated: set[int] = dataclasses.field(default_factory=set)  # ids inside annotations
+  annotation_strings: list[str] = dataclasses.field(default_factory=list)  # `x: 'jnp.ndarray'`
   scopes: dict[int, Scope] = dataclasses.field(default_factory=dict)  # id(def) -> its scope
   defined: set[str] = dataclasses.field(default_factory=set)  # def names, stored attributes
   functions: set[str] = dataclasses.field(default_factory=set)  # names of `def`s
   bodies: list[list[ast.stmt]] = dataclasses.field(default_factory=list)
+  imported: set[str] = dataclasses.field(default_factory=set)  # names an import binds (any scope)
+  _by_name: dict[str, list] | None = dataclasses.field(default=None, repr=False)
+  _holder: dict[int, list[ast.stmt]] | None = dataclasses.field(default=None, repr=False)
+
+  def uses_of(self, name: str) -> list[tuple[ast.expr, list[str], Scope]]:
+    """The uses whose chain starts at `name`, in order."""
+    if self._by_name is None:
+      self._by_name = {}
+      for use in self.uses:
+        self._by_name.setdefault(use[1][0], []).append(use)
+    return self._by_name.get(name, [])
 
   def body_of(self, stmt: ast.stmt) -> list[ast.stmt]:
     """The statement list that holds `stmt`."""
-    return next(b for b in self.bodies if any(s is stmt for s in b))
+    if self._holder is None:
+      self._holder = {id(s): b for b in self.bodies for s in b}
+    return self._holder[id(stmt)]
 
 
 def chain(node: ast.expr) -> list[str] | None:
@@ -115,6 +129,26 @@ def handles_import_error(handler: ast.ExceptHandler) -> bool:
   return any(isinstance(n, ast.Name) and n.id in _IMPORT_ERRORS for n in names)
 
 
+# Fields that never hold a node any rule looks at: a name's load / store
+# context, an operator, and strings.
+_LEAF_FIELDS = frozenset({"ctx", "op", "ops", "type_comment", "kind"})
+_CONSTANT = ast.Constant  # a leaf no rule visits (an annotation's strings are read apart)
+_BODY_FIELDS = ("body", "orelse", "finalbody")
+
+
+_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def _fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(the fields of a node class that may hold child nodes, its statement-list fields)."""
+  found = _FIELDS.get(cls)
+  if found is None:
+    fields = getattr(cls, "_fields", ())
+    found = _FIELDS[cls] = (tuple(f for f in fields if f not in _LEAF_FIELDS),
+                            tuple(f for f in _BODY_FIELDS if f in fields))
+  return found
+
+
 class _Walker:
   def __init__(self, dead_try: Callable[[ast.Try], bool], watched_attrs: frozenset[str]):
     self.dead_try = dead_try
@@ -129,21 +163,31 @@ class _Walker:
     self.walk.module.node = tree
     self.walk.bodies.append(tree.body)
     self.push(tree.body, self.walk.module)
-    while self.stack:
-      node, scope, guarded = self.stack.pop()
-      visit = getattr(self, "visit_" + type(node).__name__, None)
-      if visit is not None:
-        visit(node, scope, guarded)
-      else:
-        self.generic(node, scope, guarded)
+    stack, visits = self.stack, _VISITS
+    while stack:
+      node, scope, guarded = stack.pop()
+      visit = visits.get(node.__class__) or _visit_of(node.__class__)
+      visit(self, node, scope, guarded)
     return self.walk
 
   def generic(self, node: ast.AST, scope: Scope, guarded: bool) -> None:
-    for name in ("body", "orelse", "finalbody"):
+    """Every child node, in source order (what `ast.iter_child_nodes` gives, less
+    the nodes of `_LEAF_FIELDS`, which no rule visits)."""
+    fields, bodies = _FIELDS.get(node.__class__) or _fields(node.__class__)
+    for name in bodies:
       body = getattr(node, name, None)
       if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
         self.walk.bodies.append(body)
-    self.push(ast.iter_child_nodes(node), scope, guarded)
+    children: list[ast.AST] = []
+    for name in fields:
+      value = getattr(node, name, None)
+      if value.__class__ is list:
+        children += [c for c in value if isinstance(c, ast.AST) and c.__class__ is not _CONSTANT]
+      elif isinstance(value, ast.AST) and value.__class__ is not _CONSTANT:
+        children.append(value)
+    if children:
+      children.reverse()
+      self.stack += [(c, scope, guarded) for c in children]
 
   # -- bindings ---------------------------------------------------------------
 
@@ -152,9 +196,11 @@ class _Walker:
     for a in node.names:
       if a.asname:
         scope.bind(a.asname, Binding(a.name, a, node))
+        self.walk.imported.add(a.asname)
       else:
         top = a.name.partition(".")[0]
         scope.bind(top, Binding(top, a, node))
+        self.walk.imported.add(top)
 
   def visit_ImportFrom(self, node: ast.ImportFrom, scope: Scope, guarded: bool) -> None:
     self.walk.imports.append(ImportStmt(node, scope, guarded))
@@ -163,6 +209,7 @@ class _Walker:
         continue
       qualified = None if node.level or not node.module else f"{node.module}.{a.name}"
       scope.bind(a.asname or a.name, Binding(qualified, a, node))
+      self.walk.imported.add(a.asname or a.name)
 
   def visit_Global(self, node: ast.Global, scope: Scope, guarded: bool) -> None:
     scope.global_names.update(node.names)
@@ -242,7 +289,10 @@ class _Walker:
   def _annotations(self, nodes) -> None:
     for annotation in nodes:
       if annotation is not None:
-        self.walk.annotated.update(id(n) for n in ast.walk(annotation))
+        for n in ast.walk(annotation):
+          self.walk.annotated.add(id(n))
+          if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            self.walk.annotation_strings.append(n.value)
 
   def visit_AnnAssign(self, node: ast.AnnAssign, scope: Scope, guarded: bool) -> None:
     self._annotations([node.annotation])
@@ -268,16 +318,20 @@ class _Walker:
       self.walk.defined.add(node.attr)
       self.push([node.value], scope, guarded)
       return
-    parts = chain(node)
+    parts = []
     inner: ast.expr = node
-    while isinstance(inner, ast.Attribute):
-      if inner.attr in self.watched:
+    while inner.__class__ is ast.Attribute:
+      attr = inner.attr
+      if attr in self.watched:
         self.walk.attrs.append((inner, scope))
+      parts.append(attr)
       inner = inner.value
-    if parts is not None:
+    if inner.__class__ is ast.Name:
+      parts.append(inner.id)
+      parts.reverse()
       self.walk.uses.append((node, parts, scope))
-    else:
-      self.push([inner], scope, guarded)
+    elif inner.__class__ is not _CONSTANT:
+      self.stack.append((inner, scope, guarded))
 
   def visit_Call(self, node: ast.Call, scope: Scope, guarded: bool) -> None:
     self.walk.calls.append((node, scope))
@@ -293,6 +347,14 @@ class _Walker:
   def visit_withitem(self, node: ast.withitem, scope: Scope, guarded: bool) -> None:
     self.walk.withs.append((node, scope))
     self.generic(node, scope, guarded)
+
+
+_VISITS: dict[type, Callable] = {}  # node class -> the `_Walker` method that visits it
+
+
+def _visit_of(cls: type) -> Callable:
+  visit = _VISITS[cls] = getattr(_Walker, "visit_" + cls.__name__, _Walker.generic)
+  return visit
 
 
 def walk(tree: ast.Module, dead_try: Callable[[ast.Try], bool],

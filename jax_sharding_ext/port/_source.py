@@ -94,6 +94,11 @@ def choose(groups: list[list[Edit]]) -> list[Edit]:
   """The edits of the groups that apply together, sorted: a group is all or
   nothing, and of two groups whose edits touch the same characters the later
   one waits (for the next round). Identical edits of several groups apply once."""
+  return choose_all(groups)[0]
+
+
+def choose_all(groups: list[list[Edit]]) -> tuple[list[Edit], bool]:
+  """`choose`'s edits, and whether every group is among them (none waits)."""
   rejected: set[int] = set()
   while True:
     owners: dict[Edit, int] = {}
@@ -106,7 +111,7 @@ def choose(groups: list[list[Edit]]) -> list[Edit]:
     if clash is None:
       break
     rejected.add(clash)
-  return edits
+  return edits, not rejected
 
 
 def splice(text: str, edits: list[Edit]) -> str:

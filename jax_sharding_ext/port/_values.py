@@ -4,8 +4,12 @@
   defines: the package import is added when the module has none.
 - `with mesh:` becomes `with jax.set_mesh(mesh):` (`with mesh as m:` becomes
   `with jax.set_mesh(m := mesh):`, as `jax.set_mesh` enters to None) where
-  every value that can reach `mesh` is a `Mesh` (`_kinds`); where only some
-  may be, or nothing is known of a value named like a mesh, it is reported.
+  every value that can reach `mesh` is a `Mesh` (`_kinds`). It is reported,
+  and left, where only some may be, and where a value may be one that
+  nothing in the files of the run says anything of: it is named like a mesh
+  (`mesh`, `self.global_mesh`), or a function they do not define that is
+  named like a mesh maker made it (`get_mesh()` of another package). A value
+  of Python's standard library (`threading.Lock()`) is no `Mesh`.
   A `maps.mesh(devices, names)` call becomes
   `jax.set_mesh(jax.sharding.Mesh(devices, names))`.
 - `with_sharding_constraint(..., axis_resources=...)`: the keyword is `shardings`.
@@ -14,12 +18,15 @@
   the module defines such a member itself); `x._device_buffers` and a `Mesh`
   used as a decorator are reported; the other attributes of removed and GDA
   arrays are `_arrays`'.
-- GDA-era code using today's orbax gets `import jax_sharding_ext.orbax_support`.
+- GDA-era code using today's orbax gets `import jax_sharding_ext.orbax_support`
+  (not code that imports a copy of orbax the project holds: a folder with
+  orbax's own `checkpoint` package, whatever its name says).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import cast
 
@@ -33,6 +40,9 @@ _MESH_NAME = re.compile(r"(^|_)mesh$", re.IGNORECASE)
 _WSC = frozenset({"jax.lax.with_sharding_constraint",
                   "jax.experimental.pjit.with_sharding_constraint"})
 _MAPS_MESH = "jax.experimental.maps.mesh"
+# The calls `_imported_call` judges, by symbol.
+_CALLS = frozenset({*(f"{o}.{m}" for o in _reports.CONFIG_OBJECTS for m in ("update", "read")),
+                    *_WSC, _MAPS_MESH})
 _GDA_CLASSES = frozenset({f"{_rules.PKG}.GlobalDeviceArray",
                           f"{_rules.PKG}.global_device_array.GlobalDeviceArray",
                           f"{_rules.GDA_MODULE}.GlobalDeviceArray"})
@@ -54,21 +64,11 @@ def option(ctx: Context, node: ast.AST, name: str, how: str) -> None:
 
 
 def _call(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
-  positional = [a for a in call.args if not isinstance(a, ast.Starred)]
-  first = positional[0] if positional else None
-  name = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
-  for symbol in ctx.symbols(call.func, scope):
-    obj, _, method = symbol.rpartition(".")
-    if obj in _reports.CONFIG_OBJECTS and method in ("update", "read") and name:
-      option(ctx, call, name, method)
-    if symbol in _WSC:
-      for kw in call.keywords:
-        if kw.arg == "axis_resources":
-          start = ctx.text.start(kw)
-          ctx.note(call, "JSE310", _reports.JSE310.format(shown=ctx.shown(call.func)),
-                   [Edit(start, start + len("axis_resources"), "shardings")])
-    if symbol == _MAPS_MESH:
-      _maps_mesh(ctx, call, scope)
+  root = call.func
+  while isinstance(root, ast.Attribute):
+    root = root.value
+  if isinstance(root, ast.Name) and root.id in ctx.walk.imported:  # else no JAX symbol
+    _imported_call(ctx, call, scope)
   func = call.func
   if (isinstance(func, ast.Attribute) and func.attr == "device" and not call.args
       and not call.keywords and "device" not in ctx.walk.defined
@@ -82,6 +82,28 @@ def _call(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
         shown=ctx.shown(call), arg=ctx.shown(call.args[0]), mesh=mesh))
 
 
+def _imported_call(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
+  """A call of something an import binds: a config option read or set,
+  `with_sharding_constraint(axis_resources=...)`, `maps.mesh(...)`."""
+  for symbol in ctx.symbols(call.func, scope):
+    if symbol not in _CALLS:
+      continue
+    obj, _, method = symbol.rpartition(".")
+    if obj in _reports.CONFIG_OBJECTS:
+      positional = [a for a in call.args if not isinstance(a, ast.Starred)]
+      first = positional[0] if positional else None
+      if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value:
+        option(ctx, call, first.value, method)
+    if symbol in _WSC:
+      for kw in call.keywords:
+        if kw.arg == "axis_resources":
+          start = ctx.text.start(kw)
+          ctx.note(call, "JSE310", _reports.JSE310.format(shown=ctx.shown(call.func)),
+                   [Edit(start, start + len("axis_resources"), "shardings")])
+    if symbol == _MAPS_MESH:
+      _maps_mesh(ctx, call, scope)
+
+
 def _imported_base(ctx: Context, node: ast.expr, scope: _scope.Scope) -> bool:
   parts = _scope.chain(node)
   return parts is not None and bool(ctx.bindings(parts[0], scope))
@@ -89,7 +111,7 @@ def _imported_base(ctx: Context, node: ast.expr, scope: _scope.Scope) -> bool:
 
 def _maps_mesh(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
   """`maps.mesh(devices, names)`: `jax.set_mesh(jax.sharding.Mesh(devices, names))`."""
-  ctx.consumed.add(id(call.func))
+  ctx.consumed[id(call.func)] = None
   set_mesh, mesh = ctx.spell("jax.set_mesh", scope), ctx.spell("jax.sharding.Mesh", scope)
   args = ", ".join(ctx.shown(a) for a in [*call.args, *call.keywords])
   new = f"jax.set_mesh(jax.sharding.Mesh({args}))"
@@ -101,6 +123,7 @@ def _maps_mesh(ctx: Context, call: ast.Call, scope: _scope.Scope) -> None:
   ctx.note(call, "JSE308", message, [
       Edit(ctx.text.start(call.func), ctx.text.end(call.func), f"{set_mesh[0]}({mesh[0]}"),
       Edit(end, end, ")")], set_mesh[1] + mesh[1])
+  ctx.consumed[id(call.func)] = ctx.notes[-1]
 
 
 def _mesh_value(ctx: Context, func: ast.expr, scope: _scope.Scope) -> bool:
@@ -112,19 +135,19 @@ def _mesh_value(ctx: Context, func: ast.expr, scope: _scope.Scope) -> bool:
   parts = _scope.chain(func)
   if parts is None or any(b.stmt is not None for b in scope.lookup(parts[0])):
     return False
-  return _kinds.kinds_of(ctx).of(func, scope) in ({_kinds.MESH}, {_kinds.UNKNOWN})
+  kinds = _kinds.kinds_of(ctx).of(func, scope)
+  return kinds in ({_kinds.MESH}, {_kinds.UNKNOWN}) or (
+      bool(kinds) and all(isinstance(k, _kinds.Outside) for k in kinds))
 
 
 def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
   """`with m:` becomes `with jax.set_mesh(m):` when every value that can reach
-  `m` is a `Mesh`; where only some may be (or nothing is known of a value named
-  like a mesh), it is reported."""
+  `m` is a `Mesh`; where only some may be, or nothing is known of it, it may be
+  reported (`_may_be_a_mesh`)."""
   expr = item.context_expr
   kinds = _kinds.kinds_of(ctx).of(expr, scope)
   if kinds != {_kinds.MESH}:
-    if _kinds.MESH in kinds or (kinds == {_kinds.UNKNOWN} and _named_mesh(expr)):
-      ctx.note(expr, "JSE204", _reports.JSE204_MAYBE.format(
-          shown=_with_text(ctx, item), new=f"jax.set_mesh({ctx.shown(expr)})"))
+    _may_be_a_mesh(ctx, item, kinds)
     return
   shown = ctx.shown(expr)
   spelled = ctx.spell("jax.set_mesh", scope)
@@ -148,6 +171,23 @@ def _with(ctx: Context, item: ast.withitem, scope: _scope.Scope) -> None:
              Edit(end, ctx.text.end(target), ")")]
   ctx.note(expr, "JSE204", _reports.JSE204.format(
       shown=whole, new=new), edits, spelled[1])
+
+
+def _may_be_a_mesh(ctx: Context, item: ast.withitem, kinds: frozenset) -> None:
+  """Reports a `with` over a value that is a `Mesh` on some paths only, or of which
+  nothing is known while its name (or that of the function that made it) says mesh."""
+  expr = item.context_expr
+  new = f"jax.set_mesh({ctx.shown(expr)})"
+  if _kinds.MESH in kinds:
+    ctx.note(expr, "JSE204", _reports.JSE204_MAYBE.format(shown=_with_text(ctx, item), new=new))
+    return
+  outside = sorted(k.name for k in kinds if isinstance(k, _kinds.Outside))
+  if any(k in _kinds.UNKNOWNS or isinstance(k, _kinds.Outside) for k in kinds) and (
+      outside or _named_mesh(expr)):
+    made = (f" (its value comes from `{outside[0]}(...)`, which they do not say either)"
+            if outside else "")
+    ctx.note(expr, "JSE204", _reports.JSE204_UNKNOWN.format(
+        shown=_with_text(ctx, item), value=ctx.shown(expr), made=made, new=new))
 
 
 def _with_text(ctx: Context, item: ast.withitem) -> str:
@@ -188,12 +228,29 @@ def _orbax(ctx: Context) -> None:
   orbax = [s for s in ctx.walk.imports if _imports_orbax(s.node)]
   if not orbax or ctx.imports_package(module) or _internal(ctx):
     return
-  if ctx.project is not None and ctx.project.resolve(ctx.path, "orbax") is not None:
+  found = ctx.project.resolve(ctx.path, "orbax") if ctx.project is not None else None
+  if found is not None and _orbax_copy(found):
     return
   gda = any(sym in _GDA_CLASSES for n, _p, s in ctx.walk.uses for sym in ctx.symbols(n, s))
   mesh_axes = any(kw.arg == "mesh_axes" for call, _s in ctx.walk.calls for kw in call.keywords)
   if gda or mesh_axes:
     ctx.note(orbax[0].node, "JSE207", _reports.JSE207.format(module=module), [], (module,))
+
+
+def _orbax_copy(found: str) -> bool:
+  """Whether what `import orbax` finds in the project is a copy of orbax: a
+  folder that holds orbax's own `checkpoint` package (Python files in
+  `checkpoint/`, or `checkpoint.py`). A folder is not judged by its name: one
+  named `orbax` that holds a user's notebooks, or saved checkpoints under
+  `checkpoint/`, is not orbax."""
+  directory = os.path.dirname(found) if os.path.basename(found) == "__init__.py" else found
+  sub = os.path.join(directory, "checkpoint")
+  if os.path.isfile(sub + ".py"):
+    return True
+  try:
+    return os.path.isdir(sub) and any(n.endswith(".py") for n in os.listdir(sub))
+  except OSError:
+    return False
 
 
 def _internal(ctx: Context) -> bool:
