@@ -3,7 +3,8 @@
 Touches: `jax._src.config` (`bool_state`, `config_states`, absl flags),
 `jax._src.lib.guard_lib` (the explicit device_put thread state),
 `jax._src.xla_bridge` (`_backends`), `jax._src.mesh` (the `with mesh:`
-stack). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+stack). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
+and 0.11.2 (Python 3.12).
 
 What breaks first when JAX changes: `config.bool_state`'s keywords (flag
 definition at import), or the name of the thread-state field
