@@ -1,8 +1,14 @@
 # Every install step lives here, so a fresh machine with only Python and make
 # can run the README's commands.
 PYTHON ?= python3
-VENV ?= .venv
+# One venv per JAX release: `make install JAX=0.8.3` (or `make test-suite
+# JAX=0.8.3`) makes .venv-jax0.8.3 with exactly jax and jaxlib 0.8.3 and the
+# newest release of every other dependency that installs with them. Without
+# JAX, .venv gets what pip picks for this Python (JAX 0.10.2 on 3.11).
+JAX ?=
+VENV ?= $(if $(JAX),.venv-jax$(JAX),.venv)
 BIN := $(VENV)/bin
+JAX_PIN := $(if $(JAX),-c $(VENV)/jax-pin.txt)
 BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 WHEEL_DIR := build/wheel-check
@@ -13,7 +19,22 @@ PYTHON312 ?= $(shell for p in python3.12 "$$(pyenv prefix 3.12 2>/dev/null | hea
   "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p" || echo "$$p"; } && break; done)
 VENV312 ?= .venv312
 
-.PHONY: install demo test test-default test-jax012 wheel-check docs lint typecheck bench bench-check fuzz mutate notebooks chromium clean
+# The oldest supported JAX (the whole suite runs on it, as on 0.10.2 and
+# 0.12.x), and every other supported minor release (its newest patch: import,
+# quickstart and the fuzzers' CI budget), on Python 3.11 and, from JAX 0.11
+# on, Python 3.12.
+JAX_OLDEST ?= 0.8.3
+JAX_MINORS ?= 0.9.2
+JAX_MINORS_312 ?= 0.11.2
+VENV_OLDEST := .venv-jax$(JAX_OLDEST)
+# The interpreters the cross-release checkpoint test writes and reads with
+# (tests/test_cross_release.py); under make test each must exist.
+RELEASE_PYTHONS := $(abspath .venv)/bin/python $(abspath $(VENV_OLDEST))/bin/python \
+  $(if $(PYTHON312),$(abspath $(VENV312))/bin/python)
+
+.PHONY: install demo test test-venvs test-default test-jax012 test-jax-oldest test-jax-minors \
+  test-suite test-minor wheel-check docs lint typecheck bench bench-check fuzz mutate notebooks \
+  chromium clean
 
 install: $(STAMP)
 
@@ -21,12 +42,13 @@ install: $(STAMP)
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e .
+	$(if $(JAX),printf 'jax==$(JAX)\njaxlib==$(JAX)\n' > $(VENV)/jax-pin.txt)
+	$(BIN)/python -m pip install --quiet $(JAX_PIN) -e .
 	touch $(BASE_STAMP)
 
 # Every extra and the test tools.
 $(STAMP): $(BASE_STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet $(JAX_PIN) -e '.[test]'
 	touch $(STAMP)
 
 demo: $(BASE_STAMP)
@@ -47,15 +69,32 @@ wheel-check: install
 	  'import jax_sharding_ext as m, sys; assert "/venv/" in m.__file__, m.__file__; print("installed at", m.__file__)'
 	cd $(WHEEL_DIR)/run && ../venv/bin/python quickstart.py >/dev/null && echo "wheel-check: quickstart ran from the installed wheel"
 
-# The README's test command and CI: lint, then the suite on both supported
-# JAX releases (Python 3.11 + JAX 0.10.2, Python 3.12 + JAX 0.12.x), the wheel
-# and the documentation build.
-test: test-default test-jax012 wheel-check docs
+# The README's test command and CI: lint, then the whole suite on the oldest
+# supported JAX (Python 3.11 + JAX 0.8.3), on Python 3.11 + JAX 0.10.2 and on
+# Python 3.12 + JAX 0.12.x; import, quickstart and the fuzzers on every other
+# supported minor (JAX 0.9.2, 0.11.2); the wheel and the documentation build.
+# Every venv is made first (the cross-release checkpoint test needs the
+# others); then the runs share the machine, TEST_JOBS at a time (a suite
+# keeps about half a core busy: much of it waits for worker processes,
+# kernels and subprocesses), each run's output printed whole when it ends.
+TEST_JOBS ?= 6
+test: test-venvs chromium
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=recurse \
+	  test-default test-jax012 test-jax-oldest test-jax-minors wheel-check docs
+
+test-venvs:
+	$(MAKE) --no-print-directory install
+	$(MAKE) --no-print-directory install JAX=$(JAX_OLDEST)
+	@for v in $(JAX_MINORS); do $(MAKE) --no-print-directory install JAX=$$v || exit 1; done
+	@if [ -n "$(PYTHON312)" ]; then \
+	  $(MAKE) --no-print-directory install PYTHON="$(PYTHON312)" VENV=$(VENV312) && \
+	  for v in $(JAX_MINORS_312); do \
+	    $(MAKE) --no-print-directory install JAX=$$v PYTHON="$(PYTHON312)" || exit 1; done; fi
 
 test-default: install chromium
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q
+	JSE_RELEASE_PYTHONS="$(RELEASE_PYTHONS)" $(BIN)/python -m pytest -q
 
 test-jax012: chromium
 	@if [ -z "$(PYTHON312)" ]; then \
@@ -63,11 +102,36 @@ test-jax012: chromium
 	  echo "      Install python3.12 (or set PYTHON312=/path/to/python3.12) to run it."; \
 	else \
 	  echo "== The suite on $(PYTHON312) (JAX 0.12.x) in $(VENV312)"; \
-	  $(MAKE) --no-print-directory install PYTHON="$(PYTHON312)" VENV=$(VENV312) && \
-	  $(VENV312)/bin/python -c 'import jax; print("jax", jax.__version__)' && \
-	  $(VENV312)/bin/python -m mypy && \
-	  $(VENV312)/bin/python -m pytest -q; \
+	  $(MAKE) --no-print-directory test-suite PYTHON="$(PYTHON312)" VENV=$(VENV312); \
 	fi
+
+test-jax-oldest: chromium
+	@echo "== The suite on the oldest supported JAX ($(JAX_OLDEST)) in $(VENV_OLDEST)"
+	$(MAKE) --no-print-directory test-suite JAX=$(JAX_OLDEST)
+
+test-jax-minors:
+	@for v in $(JAX_MINORS); do \
+	  echo "== Import, quickstart and fuzzers on JAX $$v in .venv-jax$$v"; \
+	  $(MAKE) --no-print-directory test-minor JAX=$$v || exit 1; \
+	done
+	@if [ -z "$(PYTHON312)" ]; then \
+	  echo "NOTE: Python 3.12 not found, so JAX $(JAX_MINORS_312) was NOT tested."; \
+	else for v in $(JAX_MINORS_312); do \
+	  echo "== Import, quickstart and fuzzers on JAX $$v in .venv-jax$$v (Python 3.12)"; \
+	  $(MAKE) --no-print-directory test-minor JAX=$$v PYTHON="$(PYTHON312)" || exit 1; \
+	done; fi
+
+# mypy and the whole suite in one venv (VENV, or JAX=...).
+test-suite: install
+	$(BIN)/python -c 'import jax; print("jax", jax.__version__)'
+	$(BIN)/python -m mypy
+	JSE_RELEASE_PYTHONS="$(RELEASE_PYTHONS)" $(BIN)/python -m pytest -q
+
+# A supported minor release that does not run the whole suite (JAX=...).
+test-minor: install
+	$(BIN)/python -c 'import jax, jax_sharding_ext; print("jax", jax.__version__, "imports jax_sharding_ext")'
+	$(BIN)/python examples/quickstart.py >/dev/null && echo "quickstart ran on JAX $(JAX)"
+	$(BIN)/python -m pytest -q -m fuzz -p no:cacheprovider
 
 lint: install
 	$(BIN)/python -m ruff check .
@@ -124,4 +188,4 @@ chromium:
 	  else echo "NOTE: chromium not found and cannot apt-get it; the browser test will skip."; fi; }
 
 clean:
-	rm -rf $(VENV) $(VENV312) build *.egg-info
+	rm -rf .venv .venv-jax* $(VENV312) build *.egg-info

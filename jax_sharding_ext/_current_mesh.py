@@ -31,8 +31,8 @@ def current_mesh() -> Mesh:
   `current_mesh().devices.shape != ()` keep their meaning.
 
   Example:
-    >>> import jax, jax_sharding_ext
-    >>> mesh = jax.make_mesh((len(jax.devices()),), ("x",))
+    >>> import jax, jax_sharding_ext, numpy as np
+    >>> mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
     >>> with jax.set_mesh(mesh):
     ...   assert jax_sharding_ext.current_mesh() == mesh
     >>> jax_sharding_ext.current_mesh().empty

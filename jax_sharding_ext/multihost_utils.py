@@ -51,20 +51,27 @@ from jax.experimental import multihost_utils as _stock
 
 from jax_sharding_ext import _public
 from jax_sharding_ext._array import gda as _gda
+from jax_sharding_ext._jax import tables as _jax_tables
 from jax_sharding_ext._jax import tracebacks as _tracebacks
 from jax_sharding_ext._multihost import agree as _agree
 from jax_sharding_ext._multihost import checks as _checks
 
 # Stock names that take no array data: the same objects.
-ProcessFailureError = _stock.ProcessFailureError
 live_devices = _stock.live_devices
 reached_preemption_sync_point = _stock.reached_preemption_sync_point
 sync_global_devices = _stock.sync_global_devices
 
+# Stock names not every supported JAX has: present here exactly when stock
+# has them.
+_optional_stock_names = _jax_tables.optional_multihost_names()
+if "ProcessFailureError" in _optional_stock_names:
+  ProcessFailureError = _optional_stock_names["ProcessFailureError"]
+
 # The API: the six functions of stock's API reference, the GDA era's
-# `reached_preemption_sync_point`, and stock's fault-tolerance pair.
+# `reached_preemption_sync_point`, and stock's fault-tolerance pair (the
+# error where this JAX has it).
 __all__ = [
-    "ProcessFailureError",
+    *_optional_stock_names,
     "assert_equal",
     "broadcast_one_to_all",
     "global_array_to_host_local_array",

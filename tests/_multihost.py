@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _jax_warnings import STOCK_WARNINGS_IGNORED
 
 PORT_IN_USE_EXIT = 75  # EX_TEMPFAIL: process 0 could not bind the coordinator port
 _BIND_FAILED = "Failed to add port to server"  # gRPC's log line
@@ -82,12 +85,16 @@ class Run:
     return "\n".join(parts)
 
 
+RELEASE_ENV = "JSE_TEST_OTHERS_EXITED"
+
+
 def _start(script, i, num_processes, port, local_devices, args, env):
   # Output goes to files, not pipes: nothing reads a pipe until the workers
   # end, and a worker that printed more than a pipe holds would block.
   out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
   p = subprocess.Popen(
-      [sys.executable, "-W", "error", str(script), str(i), str(num_processes), str(port),
+      [sys.executable, "-W", "error", *STOCK_WARNINGS_IGNORED, str(script), str(i),
+       str(num_processes), str(port),
        str(local_devices), *map(str, args)],
       stdout=out, stderr=err, env=env, cwd=str(REPO), start_new_session=True)
   p.outputs = (out, err)
@@ -115,6 +122,10 @@ def _once(script, num_processes, local_devices, args, timeout, port, stop_on_fai
           heartbeat_s) -> Run:
   env = {k: v for k, v in os.environ.items() if k not in ("JSE_TEST_DEVICES", "XLA_FLAGS")}
   env["PYTHONUNBUFFERED"] = "1"
+  # Created once every other worker has exited: process 0 (which hosts the
+  # coordination service) waits for it before it exits (`_worker_boot.main_guard`).
+  release = Path(tempfile.mkdtemp()) / "others-exited"
+  env[RELEASE_ENV] = str(release)
   if heartbeat_s is not None:
     env["JSE_TEST_HEARTBEAT_S"] = str(heartbeat_s)
   start = time.monotonic()
@@ -126,6 +137,8 @@ def _once(script, num_processes, local_devices, args, timeout, port, stop_on_fai
       procs.append(_start(script, i, num_processes, port, local_devices, args, env))
     while True:
       codes = [p.poll() for p in procs]
+      if all(c is not None for c in codes[1:]) and not release.exists():
+        release.touch()
       failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
       if failed and first_failed is None:
         first_failed = failed[0]
@@ -141,6 +154,7 @@ def _once(script, num_processes, local_devices, args, timeout, port, stop_on_fai
     for p in procs:
       p.wait(timeout=30)
     outputs = [_read(p) for p in procs]
+    shutil.rmtree(release.parent, ignore_errors=True)
   return Run([p.returncode for p in procs], outputs, timed_out, first_failed,
              time.monotonic() - start, [port])
 

@@ -18,9 +18,10 @@ import dataclasses
 import os
 import re
 import sys
+import time
 import traceback
 
-from _multihost import PORT_IN_USE_EXIT  # the runner reads the same exit code
+from _multihost import PORT_IN_USE_EXIT, RELEASE_ENV  # shared with the runner
 
 # How soon the runtime declares a silent peer dead; the fault test lowers it.
 HEARTBEAT_TIMEOUT_S = int(os.environ.get("JSE_TEST_HEARTBEAT_S", "10"))
@@ -82,4 +83,18 @@ def main_guard(main) -> None:
     os._exit(1)
   print("WORKER OK", flush=True)
   sys.stderr.flush()
+  _wait_for_the_others()
   os._exit(0)
+
+
+def _wait_for_the_others(timeout: float = 30.0) -> None:
+  """Process 0 hosts the coordination service: exiting while another process
+  still runs makes that one's runtime threads end it with an error (JAX
+  0.8.x: "Terminating process because the JAX distributed service detected
+  fatal errors"). So it waits until the runner says the others have exited."""
+  release = os.environ.get(RELEASE_ENV)
+  if release is None or sys.argv[1] != "0":
+    return
+  deadline = time.monotonic() + timeout
+  while not os.path.exists(release) and time.monotonic() < deadline:
+    time.sleep(0.02)

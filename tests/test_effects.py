@@ -176,7 +176,7 @@ def test_shard_map_partial_auto_ordered_raises_clear_error(mesh_2d):
     f(x)
 
 
-def test_nested_shard_map_ordered_raises_clear_error(mesh_2d, capfd):
+def test_nested_shard_map_ordered_raises_clear_error(fresh_registry, mesh_2d, capfd):
   x, _ = _put(mesh_2d, P("x", "y"))
 
   def inner(v, ordered):
@@ -193,8 +193,21 @@ def test_nested_shard_map_ordered_raises_clear_error(mesh_2d, capfd):
 
   with pytest.raises(ValueError, match="nested in another `shard_map`"):
     make(True)(x)
-  make(False)(x)  # unordered: stock JAX, unchanged
-  assert len(_lines(capfd)) == 8
+
+  def unordered():
+    try:
+      make(False)(x)
+      jse.effects_barrier()
+    except Exception as e:  # stock JAX 0.8.x / 0.9.x fail to lower it (Shardy)
+      return type(e)
+    return len(_lines(capfd))
+
+  # Unordered: stock JAX, unchanged (it runs, one line per device, where stock runs it).
+  jse.uninstall()
+  stock = unordered()
+  jse.install()
+  assert unordered() == stock
+  assert stock == 8 or isinstance(stock, type)
 
 
 # ---------------------------------------------------------------------------
@@ -558,7 +571,7 @@ def test_declare_effect_lands_in_exactly_the_right_tables(fresh_registry):
   plain = jse.declare_effect("JseTestPlainEffect", ordered=False, control_flow=False,
                              remat=False)
   assert shardable.__name__ == "JseTestShardableEffect"
-  assert issubclass(shardable, jax.extend.core.Effect)
+  assert issubclass(shardable, jax_effects.Effect)  # public as jax.extend.core.Effect (JAX 0.9+)
   assert shardable() == shardable() and hash(shardable()) == hash(shardable())
   assert _memberships(shardable) == ALL_SETS
   assert _memberships(plain) == {"lowerable_effects", "custom_derivatives_allowed_effects",
@@ -871,8 +884,9 @@ elif kind == "ordered":
 elif kind == "print":
   f = jax.jit(lambda v: (jax.debug.print("{}", jax.pure_callback(
       lambda a: (cb(), a)[1], jax.ShapeDtypeStruct((), np.float32), v.sum())), v)[1])
-elif kind == "io":
-  f = jax.jit(lambda v: io_callback(io, jax.ShapeDtypeStruct(v.shape, v.dtype), v, ordered=True))
+elif kind in ("io", "io_ordered"):
+  f = jax.jit(lambda v: io_callback(io, jax.ShapeDtypeStruct(v.shape, v.dtype), v,
+                                    ordered=kind == "io_ordered"))
 elif kind == "sharded":
   f = jax.jit(lambda v: (jse.sharded_callback(cb, v), v)[1])
 elif kind == "sharded_eager":
@@ -884,12 +898,34 @@ print("CALLS", len(calls))
 """
 
 
-@pytest.mark.parametrize("kind", ["debug", "ordered", "print", "io", "sharded", "sharded_eager"])
+_STOCK_ORDERED_IO_SCRIPT = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, numpy as np
+from jax.experimental import io_callback
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+x = jax.device_put(np.arange(16.0).reshape(8, 2), NamedSharding(mesh, P("x", "y")))
+jax.jit(lambda v: io_callback(lambda a: a, jax.ShapeDtypeStruct(v.shape, v.dtype), v,
+                              ordered=True))(x)
+jax.effects_barrier()
+"""
+
+
+@pytest.mark.parametrize("kind", ["debug", "ordered", "print", "io", "io_ordered", "sharded",
+                                  "sharded_eager"])
 def test_effects_barrier_inside_a_callback_returns(kind):
   """Stock `jax.effects_barrier()` returns inside a host callback; so does
   ours: it must not wait for the computation running the callback."""
   proc = subprocess.run([sys.executable, "-c", _BARRIER_IN_CALLBACK_SCRIPT, kind],
                         capture_output=True, text=True, timeout=120)
+  if kind == "io_ordered" and proc.returncode != 0 and "HasReplicatedSharding" in proc.stderr:
+    stock = subprocess.run([sys.executable, "-c", _STOCK_ORDERED_IO_SCRIPT],
+                           capture_output=True, text=True, timeout=120)
+    if stock.returncode != 0:  # XLA's RET_CHECK on JAX 0.8.x / 0.9.x: nothing to compare
+      assert "HasReplicatedSharding" in stock.stderr, stock.stderr[-2000:]
+      pytest.skip("stock JAX cannot run an ordered io_callback over 8 devices on this "
+                  "release (XLA refuses its replicated sharding)")
   assert proc.returncode == 0, proc.stderr[-2000:]
   calls = int(proc.stdout.split("CALLS")[-1])
   assert calls == {"sharded": 16, "sharded_eager": 16}.get(kind, 2)

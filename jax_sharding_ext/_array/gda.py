@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_sharding_ext._array import construct, family, surface
 from jax_sharding_ext._array.checks import check_buffers, extended_dtype_error
@@ -348,7 +348,8 @@ class GlobalDeviceArray(_Assembled):
     arr = copy.deepcopy(self._checked_array("copy it"), memo)
     return type(self)._wrap(arr, copy.deepcopy(self.mesh_axes, memo))
 
-  def __array__(self, dtype: Any = None, context: None = None,
+  # (JAX 0.8.x's `basearray.pyi` declares no `context`; JAX 0.10 does.)
+  def __array__(self, dtype: Any = None, context: None = None,  # type: ignore[override, unused-ignore]
                 copy: bool | None = None) -> np.ndarray:
     # As for the same `jax.Array`: the value is fetched once and kept on the
     # host; `copy=False` returns that copy (an error only where `dtype` needs
@@ -395,8 +396,15 @@ class GlobalDeviceArray(_Assembled):
     value = self.__array__()
     mesh = self.mesh
     ids = np.vectorize(lambda d: d.id, otypes=[int])(mesh.devices)
-    return (_unpickle, (value, ids, tuple(mesh.axis_names), self.mesh_axes,
-                        self._arr.aval.weak_type))
+    mesh_axes, as_spec = self.mesh_axes, False
+    if type(mesh_axes) is PartitionSpec and not (getattr(mesh_axes, "unreduced", None)
+                                                 or getattr(mesh_axes, "reduced", None)):
+      # A `PartitionSpec` pickles in a form that only JAX releases close to
+      # the writer's read (jax 0.8.x names a function 0.10.x lacks); its
+      # entries (None, axis names, tuples of them) read on every release.
+      mesh_axes, as_spec = tuple(mesh_axes), True
+    return (_unpickle, (value, ids, tuple(mesh.axis_names), mesh_axes,
+                        self._arr.aval.weak_type, as_spec))
 
   def _repr_html_(self) -> str:
     from jax_sharding_ext._notebook.html import gda_html
@@ -411,7 +419,9 @@ surface.taken_by(GlobalDeviceArray)
 
 
 def _unpickle(value: np.ndarray, device_ids: np.ndarray, axis_names: tuple,
-              mesh_axes: MeshAxes, weak_type: bool = False):
+              mesh_axes: MeshAxes, weak_type: bool = False, as_spec: bool = False):
+  if as_spec and isinstance(mesh_axes, tuple):  # a `PartitionSpec`'s entries
+    mesh_axes = PartitionSpec(*mesh_axes)
   by_id = {d.id: d for d in jax.devices()}
   if not all(int(i) in by_id for i in device_ids.flat):
     out = jax.numpy.asarray(value)

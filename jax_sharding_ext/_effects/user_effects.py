@@ -129,7 +129,8 @@ def declare_effect(name: str, *, ordered: bool, shardable: bool = False,
     remat: allowed inside `jax.checkpoint`.
 
   Returns:
-    The effect type (a subclass of `jax.extend.core.Effect`). Declaring the
+    The effect type (a subclass of JAX's `Effect`, public as
+    `jax.extend.core.Effect` since JAX 0.10). Declaring the
     same name again with the same options returns the same type.
 
   Raises:
@@ -198,8 +199,8 @@ def mark_shardable(effect_type: type) -> type:
   Undone by `uninstall()`, redone by `install()`.
 
   Args:
-    effect_type: a subclass of `jax.extend.core.Effect` that is ordered (in
-      `ordered_effects`).
+    effect_type: a subclass of JAX's `Effect` (`jax.extend.core.Effect`)
+      that is ordered (in `ordered_effects`).
 
   Returns:
     `effect_type`.

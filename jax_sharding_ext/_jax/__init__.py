@@ -33,15 +33,20 @@ first when JAX changes):
   (imported only by `serialization` and `_checkpoint/`: tensorstore is optional).
 - `tracebacks`: JAX's traceback filtering (API boundaries, excluded paths).
 
-Supported: JAX 0.10.2 (Python 3.11) and JAX 0.12.x (Python 3.12).
+Supported: JAX 0.8.x to 0.10.x (Python 3.11 and newer), 0.11.x and 0.12.x
+(Python 3.12 and newer); tested on 0.8.3, 0.9.2, 0.10.2, 0.11.2 and 0.12.x. A difference
+between releases is handled next to the code it selects, by a version check
+(`JAX_VERSION`) or feature detection, with a comment naming the release.
 """
 
 from __future__ import annotations
 
 import jax
 
-MIN_JAX = (0, 10, 2)
+MIN_JAX = (0, 8, 3)
 MAX_JAX_EXCLUSIVE = (0, 13, 0)
+NEWEST_SUPPORTED = "0.12.x"
+"""The newest JAX release line this version of the package was tested with."""
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:3])
 
 
@@ -49,14 +54,31 @@ class UnsupportedJaxVersionError(ImportError):
   """The installed JAX is outside the range this package was built against."""
 
 
+def _dotted(version: tuple[int, ...]) -> str:
+  return ".".join(map(str, version))
+
+
 def check_version(version: tuple[int, ...] = JAX_VERSION) -> None:
   """Raise `UnsupportedJaxVersionError` unless `version` is supported."""
-  if not (MIN_JAX <= tuple(version) < MAX_JAX_EXCLUSIVE):
+  version = tuple(version)
+  if MIN_JAX <= version < MAX_JAX_EXCLUSIVE:
+    return
+  supported = (f"jax_sharding_ext supports jax >= {_dotted(MIN_JAX)} and "
+               f"< {_dotted(MAX_JAX_EXCLUSIVE)} (the newest supported release is "
+               f"{NEWEST_SUPPORTED}), but jax {_dotted(version)} is installed.")
+  if version < MIN_JAX:
     raise UnsupportedJaxVersionError(
-        f"jax_sharding_ext supports jax >= {'.'.join(map(str, MIN_JAX))} and "
-        f"< {'.'.join(map(str, MAX_JAX_EXCLUSIVE))}, but jax {'.'.join(map(str, version))} "
-        "is installed. Install a supported version, e.g. "
-        "`pip install 'jax>=0.10.2,<0.13'`.")
+        f"{supported} Upgrade JAX, e.g. `pip install 'jax>={_dotted(MIN_JAX)},"
+        f"<{_dotted(MAX_JAX_EXCLUSIVE[:2])}' 'jaxlib>={_dotted(MIN_JAX)},"
+        f"<{_dotted(MAX_JAX_EXCLUSIVE[:2])}'`.")
+  raise UnsupportedJaxVersionError(
+      f"{supported} This JAX is newer than this version of jax_sharding_ext knows: "
+      "upgrade jax_sharding_ext if a newer one supports it, or install a supported "
+      f"JAX (`pip install 'jax<{_dotted(MAX_JAX_EXCLUSIVE[:2])}' "
+      f"'jaxlib<{_dotted(MAX_JAX_EXCLUSIVE[:2])}'`). If no release supports jax "
+      f"{_dotted(version)} yet, please report it in an issue of jax_sharding_ext "
+      "naming that version: each JAX release is added by teaching "
+      "`jax_sharding_ext/_jax/` what moved.")
 
 
 check_version()

@@ -5,7 +5,8 @@ addresses.
 Touches: `ArrayImpl.clone` (a C++ method outside `jax.Array`'s declared
 surface), `ArrayImpl._arrays` (jaxlib's per-array cache of its single-device
 arrays), `ArrayImpl._rewrap_with_aval_and_sharding` (the same buffers under
-another aval). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+another aval). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
+and 0.11.2 (Python 3.12).
 
 What breaks first when JAX changes: `clone` renamed (then `sibling` falls
 back to assembling the array from its single-device arrays, as
@@ -166,4 +167,9 @@ def shares_buffers(arr: Any, own: Any) -> bool:
 
 def weakly_typed(arr: Any) -> Any:
   """A `jax.Array` over `arr`'s buffers with a weakly typed aval (no copy)."""
-  return arr._rewrap_with_aval_and_sharding(arr.aval.update(weak_type=True), arr.sharding)
+  aval = arr.aval.update(weak_type=True)
+  if hasattr(arr, "_rewrap_with_aval_and_sharding"):
+    return arr._rewrap_with_aval_and_sharding(aval, arr.sharding)
+  # jax 0.8.x has no rewrap: the array is assembled from its single-device arrays.
+  return ArrayImpl(aval, arr.sharding, single_device_arrays(arr), committed=arr._committed,
+                   _skip_checks=True)

@@ -2,7 +2,8 @@
 
 Touches the code objects of `jax._src.pjit`'s jit implementation functions
 (`_run_python_pjit`, ...), and `jax.stages.Compiled.__call__`. Checked against
-JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
+and 0.11.2 (Python 3.12).
 
 What breaks first when JAX changes: the names of the frame locals holding
 `donated_invars` / the argument names; `HAS_CALL_DONATION_INFO` turns False
@@ -61,7 +62,10 @@ def _codes(*codes: Any) -> frozenset:
 
 _DN_JIT_IMPL_CODES = _codes(code_of(_pjit, "_pjit_call_impl_python"),
                             code_of(_pjit, "_pjit_call_impl"))
-_DN_RUN_PYTHON_PJIT_CODES = _codes(code_of(_pjit, "_run_python_pjit"))
+# The frame holding `p` (`p.arg_names`): `_run_python_pjit` since jax 0.9.0,
+# `_python_pjit_helper` in jax 0.8.x.
+_DN_RUN_PYTHON_PJIT_CODES = _codes(code_of(_pjit, "_run_python_pjit"),
+                                   code_of(_pjit, "_python_pjit_helper"))
 _DN_COMPILED_CALL_CODES = _codes(code_of(getattr(_stages, "Compiled", None), "__call__"))
 
 HAS_CALL_DONATION_INFO = bool(_DN_JIT_IMPL_CODES)
@@ -120,8 +124,12 @@ def current_call_donation(max_depth: int = 24) -> CallDonation | None:
     if args is None or donated is None or len(args) != len(donated):
       return None
     names = _dn_arg_names(frame, len(args))
-    kept = _kept(getattr(loc.get("compiled"), "_kept_var_idx", None),
-                 loc.get("sharded_const_args"), len(args))
+    # The constants handed to the executable first: `sharded_const_args`
+    # since jax 0.10.1, `computation.const_args` before.
+    const_args = loc.get("sharded_const_args")
+    if const_args is None:
+      const_args = getattr(loc.get("computation"), "const_args", None)
+    kept = _kept(getattr(loc.get("compiled"), "_kept_var_idx", None), const_args, len(args))
   else:
     compiled = loc.get("self")  # `stages.Compiled.__call__`
     args = jax.tree_util.tree_leaves((loc.get("args", ()), loc.get("kwargs", {})))

@@ -8,7 +8,8 @@ Touches: `jax._src.effects` (effect-type sets), `jax._src.debugging`
 `jax._src.sharding_impls`, `jax._src.interpreters.mlir` (lowering rules,
 contexts), `jax._src.config` / `mesh` / `xla_bridge` (a debug callback's
 context), MLIR `func` / `sdy` dialects. Checked against JAX 0.10.2
-(Python 3.11) and 0.12.0.1 (Python 3.12).
+(Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2
+(Python 3.11) and 0.11.2 (Python 3.12).
 
 What breaks first when JAX changes: the keyword arguments of
 `callback.emit_python_callback`, the lowering-context attributes read by
@@ -45,15 +46,20 @@ from jax._src import sharding_impls as _fx_sharding_impls
 from jax._src import xla_bridge as _fx_xla_bridge
 from jax._src.interpreters import mlir as _fx_mlir
 from jax._src.lib import xla_client as _fx_xc
-from jax._src.lib.mlir import ir as _fx_ir
+from jax._src.lib.mlir import ir as _ir_module
 from jax._src.lib.mlir.dialects import func as _fx_func
-from jax._src.lib.mlir.dialects import sdy as _fx_sdy
+from jax._src.lib.mlir.dialects import sdy as _sdy_module
 
 from jax_sharding_ext._edit import Edit, replaced_error
 from jax_sharding_ext._jax.tables import MISSING
 
+# Untyped: jaxlib 0.8.x's stubs of these MLIR modules declare neither the
+# value classes nor the attribute classes read below.
+_fx_ir: Any = _ir_module
+_fx_sdy: Any = _sdy_module
+
 Effect = _fx_effects.Effect
-"""Base class of every JAX effect (also public as `jax.extend.core.Effect`)."""
+"""Base class of every JAX effect (also public as `jax.extend.core.Effect` since jax 0.10.0)."""
 
 EFFECT_TYPE_SET_NAMES = (
     "ordered_effects", "shardable_ordered_effects", "lowerable_effects",
@@ -359,6 +365,14 @@ def operand_sharding(ctx, value) -> tuple[Any, tuple[str, ...], tuple] | None:
   if da is None:
     return None
   attr = None
+  if not isinstance(value, _fx_ir.BlockArgument | _fx_ir.OpResult):
+    # jaxlib 0.8.x's MLIR bindings hand lowering rules plain `ir.Value`s
+    # (later ones give the concrete class), cast by the class's own test.
+    for cls in (_fx_ir.BlockArgument, _fx_ir.OpResult):
+      test = getattr(cls, "isinstance", None)
+      if test is not None and test(value):
+        value = cls(value)
+        break
   if isinstance(value, _fx_ir.BlockArgument):
     owner = value.owner.owner
     if isinstance(owner, _fx_func.FuncOp) and owner.arg_attrs is not None:

@@ -7,7 +7,8 @@ Touches the code objects of `jax._src.callback.emit_python_callback`'s
 nested functions, `core.shaped_abstractify` and `core.typeof`,
 `jax._src.pmap._cached_shard_map`'s `_fun`, `pxla.MeshExecutable.call` and
 `jax._src.pjit._cpp_pjit`'s `cache_miss`.
-Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12).
+Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
+and 0.11.2 (Python 3.12).
 
 What breaks first when JAX changes: a renamed function. Each lookup sets a
 `HAS_*` flag; when one turns False the feature degrades as documented next
@@ -41,6 +42,7 @@ import jax
 import jaxlib
 from jax._src import callback as _callback
 from jax._src import core as _core
+from jax._src import dtypes as _dtypes
 from jax._src import pjit as _pjit
 from jax._src import pmap as _pmap
 from jax._src.interpreters import pxla as _pxla
@@ -99,9 +101,26 @@ _HOST_CALLBACK_CODES = _nested_codes(getattr(_callback, "emit_python_callback", 
 HAS_HOST_CALLBACK_FRAMES = bool(_HOST_CALLBACK_CODES)
 """True when `callback.emit_python_callback`'s `_wrapped_callback` closures were found."""
 
-_PMAP_BODY_CODES = _nested_codes(getattr(_pmap, "_cached_shard_map", None), "_fun")
+def _pmap_body_codes() -> frozenset:
+  """The code objects on the stack while `jax.pmap` traces its body.
+
+  jax 0.9.0 and later: `_cached_shard_map`'s `_fun`, which calls the body.
+  jax 0.8.x (`jax_pmap_shmap_merge`, on by default): the `_handle_reshapes`
+  transformation (`lu.transformation2`, a partial over its generator) that
+  calls the body inside `_cached_shard_map`'s shard_map.
+  """
+  codes = _nested_codes(getattr(_pmap, "_cached_shard_map", None), "_fun")
+  if codes:
+    return codes
+  reshapes = getattr(_pmap, "_handle_reshapes", None)
+  gen = next(iter(getattr(reshapes, "args", ())), None)
+  code = getattr(gen, "__code__", None)
+  return frozenset() if code is None else frozenset([code])
+
+
+_PMAP_BODY_CODES = _pmap_body_codes()
 HAS_PMAP_BODY_CODE = bool(_PMAP_BODY_CODES)
-"""True when the body function of `jax.pmap` (`pmap._cached_shard_map._fun`) was found."""
+"""True when the frame that calls `jax.pmap`'s body (`_pmap_body_codes`) was found."""
 
 
 def in_host_callback() -> bool:
@@ -126,10 +145,18 @@ def traced_inside_pmap(ctx) -> bool:
 # finished since: the GDA's `__jax_array__` then raises the package's
 # "uninstalled" error instead (`_array/gda.py`).
 
+# In jax 0.8.x `core.typeof` delegates to `core.get_aval`, which then
+# reads `__jax_array__` itself; before jax 0.10.2 `dtypes.canonicalize_value`
+# is Python and reads it too (later it is C++, and the canonicalisation entry
+# raises the package's error itself, `tables.CanonicalizeEdit`).
+
 _ABSTRACTIFY_CODES = frozenset(c for c in (code_of(_core, "shaped_abstractify"),
                                            code_of(_core, "typeof")) if c is not None)
 HAS_ABSTRACTIFY_CODES = len(_ABSTRACTIFY_CODES) == 2
 """True when `core.shaped_abstractify` and `core.typeof` were found."""
+_ABSTRACTIFY_CODES |= frozenset(c for c in (code_of(_core, "get_aval"),
+                                            code_of(_dtypes, "canonicalize_value"))
+                                if c is not None)
 
 
 def asked_by_abstractification(depth: int = 2) -> bool:

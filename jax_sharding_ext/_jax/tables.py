@@ -7,7 +7,8 @@ Touches: `jax._src.core` (`pytype_aval_mappings`, `ShapedArray`),
 jaxlib's C++ registry), `jax._src.array` (`ArrayImpl`), `jax._src.dispatch`
 (`_batched_device_put_impl`), and the eager rules (`Primitive.impl`) of
 `jax.experimental.multihost_utils`' two primitives. Checked against JAX 0.10.2 (Python 3.11) and
-0.12.0.1 (Python 3.12).
+0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
+and 0.11.2 (Python 3.12).
 
 What breaks first when JAX changes: a table renamed or moved (the import
 below fails with the module's name), or the canonicalisation registry's C++
@@ -192,13 +193,19 @@ def is_plain_dtype(dtype) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Value canonicalisation. Since jax 0.10.2 (cd8549e7cf) the registry lives in
-# C++ (`_jax.register_canonicalize_value_handler`) and has no way to remove an
-# entry; `dtypes.canonicalize_value_handlers` is a write-only shim, so it is
-# never read here. To keep `uninstall()` honest, the handler registered reads
-# the install state: installed, it is the identity; uninstalled, it raises the
-# package's "uninstalled" error.
+# Value canonicalisation. Since jax 0.10.2 (jaxlib extension 464, cd8549e7cf)
+# the registry lives in C++ (`_jax.register_canonicalize_value_handler`) and
+# has no way to remove an entry; `dtypes.canonicalize_value_handlers` is a
+# write-only shim, so it is never read here. To keep `uninstall()` honest, the
+# handler registered reads the install state: installed, it is the identity;
+# uninstalled, it raises the package's "uninstalled" error.
+# Before (jax 0.8.x to 0.10.1) `dtypes.canonicalize_value_handlers` is a plain
+# dict that `dtypes.canonicalize_value` reads (the type, then its MRO), so the
+# entry is an ordinary `TableEdit` that `uninstall()` takes out.
 # ---------------------------------------------------------------------------
+
+CANONICALIZE_TABLE_IS_DICT = type(_dtypes.canonicalize_value_handlers) is dict
+"""True before jax 0.10.2: the canonicalisation registry is a Python dict."""
 
 
 class RegisterOnceEdit(Edit):
@@ -239,14 +246,31 @@ def _canonicalize_switch(x):
   raise uninstalled_error(str(x))
 
 
-class CanonicalizeEdit(RegisterOnceEdit):
+class _RegisteredCanonicalizeEdit(RegisterOnceEdit):
   """Canonicalise `typ` as the identity; uninstalled, it raises as stock does."""
 
   name = "canonicalize_value_handlers"
   _registered: set[type] = set()
 
   def _register(self) -> None:
-    _dtypes.register_canonicalize_value_handler(self.typ, _canonicalize_switch)
+    # jax 0.10.2 and later (older stubs lack it).
+    _dtypes.register_canonicalize_value_handler(  # type: ignore[attr-defined, unused-ignore]
+        self.typ, _canonicalize_switch)
+
+
+class _DictCanonicalizeEdit(TableEdit):
+  """Canonicalise `typ` as the identity (the dict registry before jax 0.10.2)."""
+
+  def __init__(self, typ: type):
+    super().__init__("dtypes.canonicalize_value_handlers", _dtypes.canonicalize_value_handlers,
+                     typ, _canonicalize_switch)
+
+
+def CanonicalizeEdit(typ: type) -> Edit:  # named as the class it returns
+  """The edit that makes JAX canonicalise values of `typ` as the identity."""
+  if CANONICALIZE_TABLE_IS_DICT:
+    return _DictCanonicalizeEdit(typ)
+  return _RegisteredCanonicalizeEdit(typ)
 
 
 def canonicalize_value(x: Any) -> Any:
@@ -387,3 +411,15 @@ def multihost_primitives() -> tuple[Any, ...]:
   from jax.experimental import multihost_utils as _mhu
   names = ("host_local_array_to_global_array_p", "global_array_to_host_local_array_p")
   return tuple(getattr(_mhu, n) for n in names if hasattr(_mhu, n))
+
+
+# Stock `multihost_utils` names this package re-exports as they are, which
+# not every supported release has: `ProcessFailureError` (jax 0.10.1).
+# A name this JAX lacks is absent from `jax_sharding_ext.multihost_utils` too.
+OPTIONAL_MULTIHOST_NAMES = ("ProcessFailureError",)
+
+
+def optional_multihost_names() -> dict[str, Any]:
+  """Those of `OPTIONAL_MULTIHOST_NAMES` this JAX's `multihost_utils` has."""
+  from jax.experimental import multihost_utils as _mhu
+  return {n: getattr(_mhu, n) for n in OPTIONAL_MULTIHOST_NAMES if hasattr(_mhu, n)}

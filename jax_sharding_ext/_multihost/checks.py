@@ -88,7 +88,11 @@ def checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
     def one(subpath, x, path=path, spec=spec):
       where = jax.tree_util.keystr((*path, *subpath)) or arg
       if isinstance(x, bool | int | float | complex):
-        x = np.asarray(x)  # stock reads `.dtype` / `.shape` off the Python scalar
+        # Stock reads `.dtype` / `.shape` off the Python scalar. Its numpy
+        # value in JAX's dtype (float32 unless x64, as `jnp.asarray` gives):
+        # stock makes the aval from a numpy input's own dtype on some
+        # releases (a float64 aval over float32 data on jax 0.8.x).
+        x = np.asarray(x, dtype=jax.dtypes.canonicalize_dtype(np.result_type(x)))
       if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
           and x.is_fully_addressable == (fn == "global_array_to_host_local_array")):
         return x  # already what `fn` makes: stock returns it as it is

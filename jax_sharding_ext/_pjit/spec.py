@@ -50,7 +50,9 @@ class PjitSpec(NamedTuple):
 
   @property
   def in_empty(self) -> bool:
-    return self.in_given and self.in_specs == ()
+    # `type(...) is tuple`: a `PartitionSpec()` equals `()` on some JAX
+    # releases (0.8.x), and is a spec, not an empty tuple of specs.
+    return self.in_given and type(self.in_specs) is tuple and not self.in_specs
 
 
 def parse(fun: Callable, in_axis_resources: Any, out_axis_resources: Any, static_argnums: Any,

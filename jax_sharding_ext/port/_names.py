@@ -19,7 +19,10 @@ def _bound_names(tree: ast.Module) -> tuple[frozenset[str], frozenset[str]]:
   """(every module-level name, the names defined by `def` / `class` there)."""
   names: set[str] = set()
   defined: set[str] = set()
-  for node in tree.body:
+  body = list(tree.body)
+  for node in body:
+    if isinstance(node, ast.If):  # a name some JAX releases lack, bound when present
+      body += node.body + node.orelse
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
       names.add(node.name)
       defined.add(node.name)
