@@ -395,8 +395,14 @@ def test_static_and_donated_through_a_negative_index_is_a_value_error():
   else:
     x = jax.device_put(np.ones(2, np.float32))
     for static in (1, -1):
+      try:
+        want = jax.jit(lambda v, n: v * n, static_argnums=static, donate_argnums=-1)(x, 3)
+      except ValueError as e:  # jax 0.8.x refuses the same number in both
+        assert "cannot intersect" in str(e)
+        with pytest.raises(ValueError, match="cannot intersect"):
+          pjit(lambda v, n: v * n, static_argnums=static, donate_argnums=-1)(x, 3)
+        continue
       out = pjit(lambda v, n: v * n, static_argnums=static, donate_argnums=-1)(x, 3)
-      want = jax.jit(lambda v, n: v * n, static_argnums=static, donate_argnums=-1)(x, 3)
       np.testing.assert_array_equal(out, want)
       assert not x.is_deleted()
 
