@@ -49,6 +49,7 @@ import shutil
 import tempfile
 from typing import Any
 
+import _stock
 import pytest
 from _fuzz import budget, isolated
 from hypothesis import given
@@ -622,7 +623,7 @@ def _stock_refuses(guard: str, what: str) -> bool:
       spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": f"{tmp}/w"}}
       if what == "restore":
         stock.run_serialization([arr], [spec])
-      with _guard(guard):
+      with _guard(guard), _stock.settled():
         kind, _ = _outcome(lambda: stock.run_serialization([arr], [spec]) if what == "save"
                            else stock.run_deserialization([sharding], [spec]))
     _STOCK_REFUSES[key] = kind != "ok"
