@@ -202,7 +202,11 @@ def global_array_to_host_local_array(
   views = _checks.checked_inputs(fn, views, global_mesh, pspecs)
   try:
     out = _stock.global_array_to_host_local_array(views, global_mesh, pspecs)
-  except NotImplementedError as e:  # stock refuses `None` itself: a ValueError, as stock's
+  except (NotImplementedError, ValueError) as e:
+    # The reshard a `None` (replicated) asks for, refused: stock refuses `None`
+    # itself with a ValueError naming `pspecs`, and so does this function.
+    # (JAX raises NotImplementedError for an input it cannot reshard, and a
+    # ValueError where the reshard would need cross-host transfers.)
     if not _checks.has_none(given):
       raise
     raise _checks.none_not_replicable(fn, global_mesh, e) from None

@@ -114,6 +114,13 @@ def check_round_trip(mesh):
     msg = raises(ValueError, mu.global_array_to_host_local_array, {"w": spans}, local_only,
                  pspecs)
     assert "`None` is not a valid input to the pspecs argument" in msg, msg
+  # The same for a replicated scalar spanning processes, where JAX refuses the
+  # reshard as one needing cross-host transfers (a ValueError of its own).
+  scalar = GDA.from_jax_array(jax.device_put(np.complex64(1 + 2j), NamedSharding(mesh, P())))
+  assert "pspecs" in raises(ValueError, stock_mu.global_array_to_host_local_array,
+                            (scalar.to_jax_array(),), local_only, None)
+  msg = raises(ValueError, mu.global_array_to_host_local_array, (scalar,), local_only, None)
+  assert "`None` is not a valid input to the pspecs argument" in msg, msg
 
   # A numpy leaf is the global value: each process gets its part of it, also
   # where the local mesh is smaller than the global one (stock slices it by
