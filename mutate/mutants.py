@@ -105,7 +105,8 @@ MUTANTS = (
     Mutant("watch-misses-the-last-shard", "buffer watching", _D + "_jax/dispatch.py",
            "    if not later or not any(map(_is_deleted, later)):",
            "    if not later or not any(map(_is_deleted, later[:-1])):",
-           "A GDA whose last shard was freed through another array still reads as live."),
+           "A warm call of a GDA whose last shard was freed through another array runs on the "
+           "freed buffer: a crash or stale data."),
     Mutant("shared-mark-keeps-stale-watch", "buffer watching", _D + "_jax/dispatch.py",
            "      view._shared = True\n      view._later = None\n",
            "      view._shared = True\n      view._later = ()\n",
