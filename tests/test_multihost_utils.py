@@ -164,6 +164,23 @@ def test_none_pspec_means_replicated_as_in_gda_era_pjit(mesh_2d):
     np.testing.assert_array_equal(jax.tree.leaves(back)[0], x)
 
 
+@pytest.mark.parametrize("leaf", ["name", object(), np.array(["a", "b"])],
+                         ids=["str", "object", "numpy strings"])
+@pytest.mark.parametrize("fn", ["host_local_array_to_global_array",
+                                "global_array_to_host_local_array"])
+def test_a_leaf_that_is_not_an_array_is_a_type_error_naming_it(mesh_2d, fn, leaf):
+  """Stock raises a TypeError for it too, naming no leaf (with a `None` spec,
+  its ValueError for `None` comes first); here the leaf is named, with or
+  without `None`."""
+  tree = {"w": np.ones((8, 2), np.float32), "d": leaf}
+  with pytest.raises(TypeError):
+    getattr(stock, fn)(tree, mesh_2d, P())
+  for pspecs in (P(), None, {"w": P("x"), "d": None}):
+    with pytest.raises(TypeError, match=rf"`{fn}`: the input \['d'\] .* is not an array of "
+                       "numbers"):
+      getattr(multihost_utils, fn)(tree, mesh_2d, pspecs)
+
+
 @pytest.mark.parametrize("shape,spec,dim", [((3, 2), P("x"), 0), ((4, 3), P("x", "y"), 1),
                                             ((6, 2), P(("x", "y")), 0)])
 def test_a_local_batch_that_cannot_be_globalised_is_a_clear_value_error(

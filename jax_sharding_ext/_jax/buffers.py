@@ -5,8 +5,8 @@ addresses.
 Touches: `ArrayImpl.clone` (a C++ method outside `jax.Array`'s declared
 surface), `ArrayImpl._arrays` (jaxlib's per-array cache of its single-device
 arrays), `ArrayImpl._rewrap_with_aval_and_sharding` (the same buffers under
-another aval). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
-and 0.11.2 (Python 3.12).
+another aval). Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: `clone` renamed (then `sibling` falls
 back to assembling the array from its single-device arrays, as

@@ -10,10 +10,10 @@ Touches: `serialization.async_serialize` / `async_deserialize` /
 `tensorstore_impl._spec_has_metadata`, `tensorstore_impl._get_tensorstore_metadata`,
 `tensorstore_impl._TS_CHUNK_LAYOUT`, `tensorstore_impl._transfer_shard_to_host`,
 and overrides `AsyncManager._add_futures`
-(`ExtraCommitFutures`). Checked against JAX 0.10.2 (Python 3.11) and
-0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
- and 0.11.2 (Python 3.12). Imported only by `jax_sharding_ext.serialization`
-and its `_checkpoint/` helpers (tensorstore is an optional extra).
+(`ExtraCommitFutures`). Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
+Imported only by `jax_sharding_ext.serialization` and its `_checkpoint/`
+helpers (tensorstore is an optional extra).
 
 What breaks first when JAX changes: one of these names moving, or the
 signatures of `async_serialize(arr, spec, commit_future=None)` and

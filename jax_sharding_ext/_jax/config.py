@@ -4,8 +4,8 @@ Touches: `jax._src.config` (`bool_state`, `config_states`, absl flags, the
 thread-local values of every option and context), `jax._src.lib.guard_lib`
 (the explicit device_put thread state), `jax._src.xla_bridge` (`_backends`),
 `jax._src.mesh` (the `with mesh:` stack; `jax.set_mesh`'s contexts since
-jax 0.12). Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python
-3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11) and 0.11.2 (Python 3.12).
+jax 0.12). Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: `config.bool_state`'s keywords (flag
 definition at import), the name of the thread-state field

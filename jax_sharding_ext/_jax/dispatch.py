@@ -4,8 +4,8 @@ which warm calls of a GDA may reuse a cached executable, and the verdict
 that keeps a cache entry off the fast path
 (`pxla.reflatten_outputs_for_dispatch`).
 
-Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
-and 0.11.2 (Python 3.12).
+Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the registry's name or its
 `register_node` signature; `HAS_DISPATCH_REGISTRY` turns False and GDA calls

@@ -1,9 +1,8 @@
 """The donation vector of the running call.
 
 Touches the code objects of `jax._src.pjit`'s jit implementation functions
-(`_run_python_pjit`, ...), and `jax.stages.Compiled.__call__`. Checked against
-JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
-and 0.11.2 (Python 3.12).
+(`_run_python_pjit`, ...), and `jax.stages.Compiled.__call__`. Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the names of the frame locals holding
 `donated_invars` / the argument names; `HAS_CALL_DONATION_INFO` turns False

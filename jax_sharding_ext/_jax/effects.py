@@ -7,9 +7,8 @@ Touches: `jax._src.effects` (effect-type sets), `jax._src.debugging`
 (`prim_requires_devices_during_lowering`),
 `jax._src.sharding_impls`, `jax._src.interpreters.mlir` (lowering rules,
 contexts), `jax._src.config` / `mesh` / `xla_bridge` (a debug callback's
-context), MLIR `func` / `sdy` dialects. Checked against JAX 0.10.2
-(Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2
-(Python 3.11) and 0.11.2 (Python 3.12).
+context), MLIR `func` / `sdy` dialects. Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the keyword arguments of
 `callback.emit_python_callback`, the lowering-context attributes read by

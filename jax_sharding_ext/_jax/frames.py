@@ -7,8 +7,8 @@ Touches the code objects of `jax._src.callback.emit_python_callback`'s
 nested functions, `core.shaped_abstractify` and `core.typeof`,
 `jax._src.pmap._cached_shard_map`'s `_fun`, `pxla.MeshExecutable.call` and
 `jax._src.pjit._cpp_pjit`'s `cache_miss`.
-Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
-and 0.11.2 (Python 3.12).
+Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: a renamed function. Each lookup sets a
 `HAS_*` flag; when one turns False the feature degrades as documented next

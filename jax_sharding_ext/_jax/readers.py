@@ -6,9 +6,8 @@ Touches: `pxla.lower_sharding_computation` (every `jax.jit`, `pjit`,
 `shard_map` and AOT lowering; called through the module attribute, by
 `pjit._resolve_and_lower`) and `pxla.ExecuteReplicated.__call__` (every
 execution on jit's Python path, which also starts it with no fast-path
-verdict, `dispatch.new_execution`). Checked
-against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
-and 0.11.2 (Python 3.12).
+verdict, `dispatch.new_execution`). Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: either name. `HAS_READERS` then turns
 False, the edit wraps what it finds, and `tests/test_compat.py` names the

@@ -6,9 +6,8 @@ Touches: `jax._src.core` (`pytype_aval_mappings`, `ShapedArray`),
 `jax._src.dtypes` (`register_canonicalize_value_handler`, which writes
 jaxlib's C++ registry), `jax._src.array` (`ArrayImpl`), `jax._src.dispatch`
 (`_batched_device_put_impl`), and the eager rules (`Primitive.impl`) of
-`jax.experimental.multihost_utils`' two primitives. Checked against JAX 0.10.2 (Python 3.11) and
-0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
-and 0.11.2 (Python 3.12).
+`jax.experimental.multihost_utils`' two primitives. Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: a table renamed or moved (the import
 below fails with the module's name), or the canonicalisation registry's C++

@@ -3,9 +3,8 @@ dispatched computation to the next (`jax._src.dispatch.runtime_tokens`), and
 the tracked token set this package installs in their place.
 
 Touches: `jax._src.dispatch` (`runtime_tokens`, `RuntimeTokenSet`), token
-buffers (`core.Token._buf`), `Sharding._device_assignment`. Checked against
-JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
-and 0.11.2 (Python 3.12).
+buffers (`core.Token._buf`), `Sharding._device_assignment`. Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the token set's attributes
 (`current_tokens`, `output_runtime_tokens`) or the signature of

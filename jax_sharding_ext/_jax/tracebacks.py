@@ -1,7 +1,7 @@
 """JAX's traceback filtering (`jax._src.traceback_util`).
 
-Checked against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
-and 0.11.2 (Python 3.12).
+Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the module-level `_exclude_paths` list
 or `api_boundary`'s location.

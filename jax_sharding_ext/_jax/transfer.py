@@ -2,9 +2,8 @@
 
 Touches: `jax._src.lib.guard_lib` (levels, thread-local and global guard
 state), `jax._src.lib.xla_client` (`ArrayCopySemantics`), `jax._src.array`
-(sharding comparison helpers), `jax._src.lib` (jaxlib version). Checked
-against JAX 0.10.2 (Python 3.11) and 0.12.0.1 (Python 3.12), and on JAX 0.8.3 and 0.9.2 (Python 3.11)
-and 0.11.2 (Python 3.12).
+(sharding comparison helpers), `jax._src.lib` (jaxlib version). Checked against JAX
+0.8.3, 0.9.2 and 0.10.2 (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
 
 What breaks first when JAX changes: the guard-state field names
 (`host_to_device`, `device_to_device`, `device_to_host`) or the

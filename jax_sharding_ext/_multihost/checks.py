@@ -93,6 +93,11 @@ def checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
         # stock makes the aval from a numpy input's own dtype on some
         # releases (a float64 aval over float32 data on jax 0.8.x).
         x = np.asarray(x, dtype=jax.dtypes.canonicalize_dtype(np.result_type(x)))
+      if _not_an_array(x):  # stock: JAX's TypeError, which names no leaf
+        raise TypeError(
+            f"`{fn}`: the input {where} ({x!r:.40}, of type {type(x).__name__}) is not an "
+            "array of numbers, so JAX cannot make an array of it. Give a numpy array, a JAX "
+            "array or a Python number, or leave it out of the tree.")
       if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
           and x.is_fully_addressable == (fn == "global_array_to_host_local_array")):
         return x  # already what `fn` makes: stock returns it as it is
@@ -112,6 +117,17 @@ def checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
       return x  # (anything else: stock's own error)
     out.append(jax.tree_util.tree_map_with_path(one, sub))
   return jax.tree_util.tree_unflatten(spec_def, out)
+
+
+def _not_an_array(x: Any) -> bool:
+  """Whether JAX cannot take `x` as an array (a string, an arbitrary object, a
+  numpy array of strings, objects or dates)."""
+  if isinstance(x, jax.Array | jax.core.Tracer) or hasattr(x, "__jax_array__"):
+    return False
+  if isinstance(x, np.ndarray | np.generic):
+    return not (jax.dtypes.issubdtype(x.dtype, np.number)
+                or jax.dtypes.issubdtype(x.dtype, np.bool_))
+  return True
 
 
 def _check_spec(fn: str, spec: Any, where: str, mesh: jax.sharding.Mesh) -> None:
