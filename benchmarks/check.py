@@ -10,8 +10,13 @@ donated or not). About two minutes on a 2-core machine.
 
 Compared: every (benchmark, variant) row whose ratio to its base (stock JAX,
 or a sole-owner GDA) was measured side by side in one process, where both
-medians are at least 1 us (a ratio of two sub-microsecond no-ops is noise),
-and every count that must not grow (jit cache entries added by 500 calls).
+medians are at least 3 us, and every count that must not grow (jit cache
+entries added by 500 calls). A ratio over a shorter base is noise: the 2 us
+implicit fetch of a `jax.Array` made the GDA's ratio move between 1.3x and
+2.2x over quiet runs of the same code on a 2-core machine (`make bench`
+holds those paths to absolute targets). The dispatch curve counts by its
+worst point per case (flag off or on, donated or not), as `make bench`'s
+targets read it.
 A ratio is worse when it is higher for a time, lower for a throughput. A
 benchmark with a row more than 10% worse runs once more and its better
 measurement counts, so that one noisy sample does not fail the check; a
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 
@@ -43,7 +49,7 @@ CHECKED: dict[str, dict] = {
     "bench_scaling": {"only": ["dispatch"]},
 }
 TOLERANCE = 0.10
-MIN_MEDIAN_US = 1.0
+MIN_MEDIAN_US = 3.0
 THROUGHPUT_UNITS = ("GB/s",)
 
 
@@ -76,11 +82,33 @@ def _key(row: dict) -> tuple[str, str]:
   return row["benchmark"], row["variant"]
 
 
+_CURVE_POINT = re.compile(r"^(scaling: jit dispatch), \d+ leaves, ")
+
+
+def worst_points(rows: list[dict]) -> list[dict]:
+  """`rows` with each dispatch curve's points (1 to 1,000 leaves) replaced by
+  the curve's worst point, as `make bench`'s targets read the curve. One
+  point, measured on fresh arrays each call, moved by more than 10% between
+  quiet runs of the same code; the worst of four points did not."""
+  out: list[dict] = []
+  worst: dict[tuple[str, str], dict] = {}
+  for r in rows:
+    m = _CURVE_POINT.match(r["benchmark"])
+    if m is None or not comparable(r):
+      out.append(r)
+      continue
+    curve = m.group(1) + ", 1-1,000 leaves, " + r["benchmark"][m.end():] + ", worst point"
+    key = (curve, r["variant"])
+    if key not in worst or r["ratio"] > worst[key]["ratio"]:
+      worst[key] = {**r, "benchmark": curve}
+  return out + list(worst.values())
+
+
 def compare(baseline: list[dict], rows: list[dict]) -> list[dict]:
   """One line per checked row present in both: what, was, now, drift."""
-  old = {_key(r): r for r in baseline if comparable(r)}
+  old = {_key(r): r for r in worst_points(baseline) if comparable(r)}
   out = []
-  for r in rows:
+  for r in worst_points(rows):
     o = old.get(_key(r))
     if o is None or not comparable(r):
       continue

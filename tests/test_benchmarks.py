@@ -53,20 +53,32 @@ print("RESULT " + json.dumps({
     "grew": drifts([row("entries", 3.0, float("nan"), unit="entries", base="-")]),
     "slower": drifts([row("throughput", 1.5, 0.75, unit="GB/s")]),
 }))
+def point(leaves, ratio):
+  return {**row("GlobalDeviceArray", 10.0 * ratio, ratio),
+          "benchmark": f"scaling: jit dispatch, {leaves} leaves, flag on, donated"}
+baseline = [point(1, 1.2), point(10, 1.5)]
+print("CURVE " + json.dumps({
+    "point moved": drifts([point(1, 1.45), point(10, 1.5)]),
+    "worst moved": drifts([point(1, 1.2), point(10, 1.8)]),
+}))
 """
 
 
 def test_bench_check_judges_ratios_against_the_baseline():
   """`make bench-check` compares each side-by-side ratio with the committed
   one: a higher time ratio or a lower throughput ratio is worse, a count
-  that must not grow fails when it grows, and a ratio of sub-microsecond
-  medians is not compared (it is noise)."""
+  that must not grow fails when it grows, and a ratio of medians under 3 us
+  is not compared (it is noise)."""
   out = subprocess.run([sys.executable, "-c", _CHECK, str(BENCHMARKS)], capture_output=True,
                        text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-3000:]
   (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
   got = json.loads(line[7:])
   assert got["worse"] == {"gda": round(1.3 / 1.1 - 1, 3)}  # 18% worse; "tiny" not compared
+  # The dispatch curve counts by its worst point.
+  (line,) = [x for x in out.stdout.splitlines() if x.startswith("CURVE ")]
+  assert json.loads(line[6:]) == {"point moved": {"GlobalDeviceArray": 0.0},
+                                  "worst moved": {"GlobalDeviceArray": 0.2}}
   assert 0 < got["slightly"]["gda"] < 0.10
   assert got["better"]["gda"] < 0
   assert got["grew"]["entries"] == float("inf")
