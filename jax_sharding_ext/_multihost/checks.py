@@ -55,14 +55,15 @@ def checked_inputs(fn: str, views: Any, global_mesh: Any, pspecs: Any) -> Any:
   checked too). A leaf that stock converts (not one that is already what
   `fn` makes, which stock returns as it is) must have no spec entry beyond
   its rank and divide evenly: a local leaf over the local mesh, a global one
-  over `global_mesh`. A Python scalar leaf is taken as its numpy value, and
-  for `host_local_array_to_global_array` a concrete device array of another
-  sharding is placed on the local sharding first (stock fails inside
-  `batched_device_put` for a multi-device array it must slice), and for
-  `global_array_to_host_local_array` a host value becomes the global array
-  it is the value of. The checks
-  read only shapes, which are static, so they also run on traced leaves; a
-  traced leaf is handed to stock unchanged.
+  over `global_mesh`. A leaf that is not an array of numbers (a string, an
+  object) is a `TypeError` naming it. A Python scalar leaf is taken as its
+  numpy value; for `host_local_array_to_global_array` a concrete device
+  array of another sharding is placed on the local sharding first (stock
+  fails inside `batched_device_put` for a multi-device array it must
+  slice), and for `global_array_to_host_local_array` a host value becomes
+  the global array it is the value of. The checks read only shapes, which
+  are static, so they also run on traced leaves; a traced leaf is handed to
+  stock unchanged.
   """
   arg = "local_inputs" if fn == "host_local_array_to_global_array" else "global_inputs"
   if not isinstance(global_mesh, jax.sharding.Mesh):
